@@ -1,0 +1,33 @@
+"""Helpers for the ddpcourse notebooks and labs.
+
+Notebook side (no torch import, cheap): ``run_lab``, ``check_lab``, ``doctor``, ``predict``.
+Lab side (imports torch when first used): ``init_distributed``, ``report``, ``compare_replicas``.
+Each helper's module docstring names the notebook that introduces it.
+"""
+from ddpcourse.reporting import report
+
+__all__ = ["run_lab", "check_lab", "report", "init_distributed", "compare_replicas", "doctor", "predict"]
+
+
+def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None):
+    """Run a lab (a number such as "00", or a path) on ``nproc`` local processes. See ddpcourse.launcher."""
+    from ddpcourse.launcher import DEFAULT_TIMEOUT, run
+    from ddpcourse.paths import resolve_lab
+
+    return run(resolve_lab(lab), nproc=nproc, args=args, timeout=timeout or DEFAULT_TIMEOUT, show=show, env=env)
+
+
+def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipywidgets
+    if name == "check_lab":
+        from ddpcourse.checks import check_lab
+        return check_lab
+    if name in ("init_distributed", "compare_replicas"):
+        from ddpcourse import lab
+        return getattr(lab, name)
+    if name == "doctor":
+        from ddpcourse.doctor import doctor
+        return doctor
+    if name == "predict":
+        from ddpcourse.quiz import predict
+        return predict
+    raise AttributeError(f"module 'ddpcourse' has no attribute {name!r}")

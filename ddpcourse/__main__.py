@@ -1,0 +1,51 @@
+"""Command line: python -m ddpcourse {run,check,make-labs,doctor} ... (see README.md)."""
+import argparse
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m ddpcourse", description="ddpcourse tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a script on N local processes (torchrun, never hangs)")
+    run.add_argument("file")
+    run.add_argument("--nproc", type=int, default=2)
+    run.add_argument("--timeout", type=float, default=60.0, help="seconds before every rank is stopped")
+    run.add_argument("--rank0", action="store_true", help="show only rank 0's output")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="after --: arguments for the script")
+
+    check = sub.add_parser("check", help="run a lab and check its results")
+    check.add_argument("file", help="a lab file (labs/, solutions/ or your own copy), or its number")
+    check.add_argument("--nproc", type=int, default=None, help="one world size instead of the lab's list")
+    check.add_argument("--timeout", type=float, default=60.0)
+
+    make = sub.add_parser("make-labs", help="generate labs/ from solutions/ (course authors)")
+    make.add_argument("--check", action="store_true", help="change nothing; exit 1 if labs/ is stale")
+
+    sub.add_parser("doctor", help="check this machine and environment for the course")
+
+    options = parser.parse_args(argv)
+    if options.command == "run":
+        from ddpcourse.launcher import run as launch
+        args = options.args[1:] if options.args[:1] == ["--"] else options.args
+        try:
+            result = launch(options.file, nproc=options.nproc, args=args, timeout=options.timeout,
+                            show="rank0" if options.rank0 else "all")
+        except KeyboardInterrupt:
+            return 130
+        return 0 if result.ok else (124 if result.timed_out else 1)
+    if options.command == "check":
+        from ddpcourse.checks import check_lab
+        return 0 if check_lab(options.file, nproc=options.nproc, timeout=options.timeout).passed else 1
+    if options.command == "make-labs":
+        from ddpcourse.makelabs import make_labs
+        stale = make_labs(check=options.check)
+        return 1 if (options.check and stale) else 0
+    if options.command == "doctor":
+        from ddpcourse.doctor import doctor
+        return 0 if doctor().ok else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

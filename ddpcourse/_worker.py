@@ -1,0 +1,89 @@
+"""What each rank runs under the launcher: ``python -m ddpcourse._worker FILE ARGS...``.
+
+It wraps the lab so the launcher can tell a learner precisely what happened:
+- the rank's stdout and stderr go, in order, to one log file per rank (the launcher tags and streams it);
+- ``faulthandler`` dumps every thread's Python stack to a file on SIGUSR1 (used at a timeout);
+- the exception that ended the rank, or its exit code, is recorded with a timestamp, so the launcher
+  can name the root-cause rank instead of printing torchrun's wall of text.
+Nothing here imports torch; the lab does that itself.
+"""
+import faulthandler
+import os
+import re
+import runpy
+import signal
+import sys
+import traceback
+
+from ddpcourse.reporting import RUN_DIR_ENV, write_event
+
+TODO_PATTERN = re.compile(r"^TODO (\d+)\b:?\s*(.*)", re.S)
+
+
+def _redirect_output(run_dir, rank):
+    log = open(os.path.join(run_dir, f"rank{rank}.log"), "ab", buffering=0)
+    os.dup2(log.fileno(), 1)  # both streams into one file keeps their relative order
+    os.dup2(log.fileno(), 2)
+    stacks = open(os.path.join(run_dir, f"rank{rank}.stacks"), "w")
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    faulthandler.enable(file=sys.stderr)  # a segfault still leaves a stack in the log
+    return log, stacks
+
+
+def _lab_frames(tb, lab_file):
+    """The traceback entries from the lab file onwards (the bootstrap and runpy are noise)."""
+    entries = traceback.extract_tb(tb)
+    for i, entry in enumerate(entries):
+        if os.path.abspath(entry.filename) == lab_file:
+            return entries[i:]
+    return entries
+
+
+def _record_exception(exc, lab_file):
+    frames = _lab_frames(exc.__traceback__, lab_file)
+    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+    text += "".join(traceback.format_exception_only(type(exc), exc))
+    fields = {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+    lab_lines = [f for f in frames if os.path.abspath(f.filename) == lab_file]
+    if lab_lines:
+        fields["lab_line"] = lab_lines[-1].lineno
+    todo = TODO_PATTERN.match(str(exc)) if isinstance(exc, NotImplementedError) else None
+    if todo:
+        fields["todo"] = {"number": int(todo.group(1)), "hint": todo.group(2).strip()}
+    write_event("exception", **fields)
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m ddpcourse._worker FILE [ARGS...]")
+    lab_file = os.path.abspath(sys.argv[1])
+    run_dir = os.environ[RUN_DIR_ENV]
+    rank = int(os.environ.get("RANK", "0"))
+    handles = _redirect_output(run_dir, rank)  # noqa: F841 (kept open for the process's life)
+    write_event("started", local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    sys.argv = [lab_file] + sys.argv[2:]
+    sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would
+    try:
+        runpy.run_path(lab_file, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code in (None, 0):
+            write_event("finished")
+        else:
+            write_event("exit", code=code if isinstance(code, int) else 1, message=str(code))
+        raise
+    except KeyboardInterrupt:
+        write_event("interrupted")
+        raise
+    except BaseException as exc:  # noqa: BLE001 - recorded, then the rank fails as it would have
+        _record_exception(exc, lab_file)
+        sys.exit(1)
+    write_event("finished")
+
+
+if __name__ == "__main__":
+    main()

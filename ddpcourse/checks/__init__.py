@@ -1,0 +1,92 @@
+"""Check a lab: ``python -m ddpcourse check FILE [--nproc N]`` or ``check_lab("00")`` in a notebook.
+
+Introduced in notebooks/00_start_here.ipynb. The lab is identified by its file name (``00_*.py``), so a
+learner's copy anywhere works. Each lab has a module here, ``labNN.py``, with
+
+    NPROCS = (1, 2, 3)                 # world sizes the check runs the lab with
+    def checks(run) -> list[Check]     # run: the launcher's RunResult for one world size
+
+The checks compare what the lab ``report``-ed with values computed here, independently of the lab, and
+say what is wrong in the words of the likely mistake ("the sum, not the mean: divide by the world size").
+"""
+import importlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpcourse.launcher import run as launch
+from ddpcourse.paths import display_path, lab_number, resolve_lab
+
+CHECK_TIMEOUT = 60.0
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+    def __str__(self):
+        text = f"{'PASS' if self.passed else 'FAIL'}  {self.name}"
+        return text + (f"\n      {self.detail}" if self.detail else "")
+
+
+@dataclass
+class CheckReport:
+    file: str
+    results: list = field(default_factory=list)
+    skipped: str = ""
+
+    @property
+    def passed(self):
+        return bool(self.results) and all(c.passed for c in self.results) and not self.skipped
+
+    @property
+    def failures(self):
+        return [c for c in self.results if not c.passed]
+
+    def summary(self):
+        ok = sum(c.passed for c in self.results)
+        text = f"{ok} checks passed, {len(self.results) - ok} failed"
+        if self.skipped:
+            text += f" ({self.skipped})"
+        verdict = "lab passes" if self.passed else "lab does not pass yet"
+        return f"{text}: {display_path(self.file)} {verdict}."
+
+    def __repr__(self):
+        return f"CheckReport({Path(self.file).name}, {'passed' if self.passed else 'failed'})"
+
+
+def close(a, b, tol=1e-9):
+    return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+
+
+def check_lab(lab, nproc=None, timeout=CHECK_TIMEOUT, quiet=False):
+    """Run the lab with each world size its check needs and print PASS/FAIL with the reasons.
+
+    nproc: one world size instead of all. Stops at the first world size with a failure: fix it first.
+    """
+    path = resolve_lab(lab)
+    number = lab_number(path)
+    try:
+        module = importlib.import_module(f"ddpcourse.checks.lab{number}")
+    except ModuleNotFoundError:
+        raise ValueError(f"{path.name}: no lab check for lab {number!r}; lab files are named NN_name.py")
+    sizes = (nproc,) if nproc else module.NPROCS
+    report = CheckReport(str(path))
+    say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
+    say(f"Checking {display_path(path)} (lab {number}) on {', '.join(map(str, sizes))} rank(s)")
+    for i, size in enumerate(sizes):
+        result = launch(path, nproc=size, timeout=timeout, show="none")
+        if result.ok:
+            found = [Check(f"nproc={size}: {c.name}", c.passed, c.detail) for c in module.checks(result)]
+        else:
+            found = [Check(f"nproc={size}: the lab runs to the end", False, result.message)]
+        for check in found:
+            say(str(check))
+        report.results.extend(found)
+        if not all(c.passed for c in found) and i + 1 < len(sizes):
+            report.skipped = f"not run with nproc={', '.join(map(str, sizes[i + 1:]))}: fix the failures above first"
+            break
+    say(report.summary())
+    return report

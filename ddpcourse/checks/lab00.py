@@ -1,0 +1,62 @@
+"""Checks for lab 00 (first collectives): exact global mean, max and gather on every rank."""
+from ddpcourse.checks import Check, close
+
+NPROCS = (1, 2, 3)
+
+
+def expected_inputs(rank):
+    """The lab's local_measurements, recomputed here so the check does not trust the lab."""
+    return 1.0 + 0.5 * rank, float((rank * 5) % 7 + 1)
+
+
+def _diagnose(name, got, rank, world, expected, local, total, rank0_value, sum_fix):
+    """Why `got` is wrong, in the words of the likely mistake."""
+    if not isinstance(got, (int, float)):
+        return f"rank {rank}: {name} is {got!r}, expected the number {expected:g}"
+    if world > 1 and close(got, total):
+        return f"rank {rank}: {name} is {got:g}, the SUM over ranks (expected {expected:g}): {sum_fix}"
+    if world > 1 and close(got, local) and not close(local, expected):
+        return (f"rank {rank}: {name} is {got:g}, this rank's own value (expected {expected:g}): "
+                f"no collective combined it with the other ranks")
+    if rank != 0 and close(rank0_value, expected):
+        return (f"rank {rank}: {name} is {got:g}, expected {expected:g}; rank 0 is right, so the result reached "
+                f"rank 0 only: use all_reduce (every rank gets the result), not reduce(dst=0)")
+    return f"rank {rank}: {name} is {got:g}, expected {expected:g}"
+
+
+def _agreed(name, values, world, expected, locals_, sum_fix):
+    problems = [_diagnose(name, got, rank, world, expected, locals_[rank], sum(locals_), values[0], sum_fix)
+                for rank, got in enumerate(values) if not close(got, expected)]
+    return Check(f"{name} = {expected:g} on every rank", not problems, "\n      ".join(problems))
+
+
+def checks(run):
+    world = run.nproc
+    inputs = [expected_inputs(rank) for rank in range(world)]
+    losses, norms = [i[0] for i in inputs], [i[1] for i in inputs]
+    found = []
+
+    local_loss, local_norm = run.values("local_loss"), run.values("local_grad_norm")
+    changed = [r for r in range(world) if not (close(local_loss[r], losses[r]) and close(local_norm[r], norms[r]))]
+    found.append(Check(
+        "each rank's own values are left unchanged", not changed,
+        f"ranks {changed}: after your functions ran, local_loss/local_grad_norm are "
+        f"{[local_loss[r] for r in changed]}/{[local_norm[r] for r in changed]}, expected "
+        f"{[losses[r] for r in changed]}/{[norms[r] for r in changed]}. all_reduce changes the tensor you "
+        "pass in place: reduce a clone()." if changed else ""))
+
+    found.append(_agreed("mean_loss", run.values("mean_loss"), world, sum(losses) / world, losses,
+                         "divide the sum by the world size"))
+    found.append(_agreed("max_grad_norm", run.values("max_grad_norm"), world, max(norms), norms,
+                         "reduce with op=dist.ReduceOp.MAX, not the default SUM"))
+
+    problems = []
+    for rank, got in enumerate(run.values("all_losses")):
+        if isinstance(got, list) and len(got) == world and all(close(g, e) for g, e in zip(got, losses)):
+            continue
+        if isinstance(got, list) and sorted(got) == sorted(losses):
+            problems.append(f"rank {rank}: {got} has every loss but not in rank order (expected {losses})")
+        else:
+            problems.append(f"rank {rank}: all_losses is {got}, expected {losses} (element i from rank i)")
+    found.append(Check(f"all_losses = {losses} on every rank", not problems, "\n      ".join(problems)))
+    return found
