@@ -25,7 +25,7 @@ def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipy
         from ddpcourse import lab
         return getattr(lab, name)
     if name == "doctor":
-        from ddpcourse.doctor import doctor
+        from ddpcourse.checkup import doctor
         return doctor
     if name == "predict":
         from ddpcourse.quiz import predict

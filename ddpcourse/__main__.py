@@ -42,7 +42,7 @@ def main(argv=None):
         stale = make_labs(check=options.check)
         return 1 if (options.check and stale) else 0
     if options.command == "doctor":
-        from ddpcourse.doctor import doctor
+        from ddpcourse.checkup import doctor
         return 0 if doctor().ok else 1
     return 2
 

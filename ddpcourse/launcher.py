@@ -459,8 +459,8 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
     result.returncode = 124 if result.timed_out else proc.returncode
     result.output = output
     result.agent_output = b"".join(agent_chunks).decode("utf-8", "replace")
-    for rank, rows in events.items():
-        merged = {}
+    for rank in range(nproc):
+        rows, merged = events.get(rank, []), {}
         for row in rows:
             if row["event"] == "report":
                 merged.update(row["values"])

@@ -1,0 +1,152 @@
+"""``python -m ddpcourse doctor``: is this machine ready for the course? One line per check.
+
+Introduced in notebooks/00_start_here.ipynb. An instructor runs it on every laptop before a workshop.
+Each line is OK (green), FAIL (red, with the fix) or INFO (worth knowing, nothing to fix).
+"""
+import os
+import platform
+import re
+import socket
+import sys
+from dataclasses import dataclass, field
+from importlib import metadata
+
+from ddpcourse.paths import COURSE_ROOT
+
+CPU_TORCH = "pip install torch=={v} --index-url https://download.pytorch.org/whl/cpu"
+
+
+@dataclass
+class Row:
+    name: str
+    status: str  # "OK", "FAIL" or "INFO"
+    value: str
+    fix: str = ""
+
+
+@dataclass
+class DoctorReport:
+    rows: list = field(default_factory=list)
+
+    @property
+    def ok(self):
+        return all(row.status != "FAIL" for row in self.rows)
+
+    def row(self, name):
+        return next(row for row in self.rows if row.name == name)
+
+    def __repr__(self):
+        return f"DoctorReport({'all checks passed' if self.ok else 'some checks FAILED'})"
+
+
+def pins(path=None):
+    """{package: version} from requirements.txt, the single list of tested versions."""
+    path = path or COURSE_ROOT / "requirements.txt"
+    found = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"^\s*([A-Za-z0-9_.-]+)==([^\s;#]+)", line)
+        if match:
+            found[match.group(1).lower()] = match.group(2)
+    return found
+
+
+def _installed(package):
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _package_rows(report):
+    wanted = pins() if (COURSE_ROOT / "requirements.txt").exists() else {}
+    for package, pin in wanted.items():
+        have = _installed(package)
+        if have is None:
+            report.rows.append(Row(package, "FAIL", "not installed", f"pip install {package}=={pin}"))
+        elif have.split("+")[0] != pin:  # 2.13.0+cpu is the CPU build of 2.13.0
+            fix = CPU_TORCH.format(v=pin) if package == "torch" else f"pip install {package}=={pin}"
+            report.rows.append(Row(package, "FAIL", f"{have}, the course is tested with {pin}", fix))
+        else:
+            report.rows.append(Row(package, "OK", have))
+
+
+def _torch_rows(report):
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        report.rows.append(Row("torch import", "FAIL", str(exc), CPU_TORCH.format(v=pins().get("torch", ""))))
+        return False
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus))
+    report.rows.append(Row("GPUs", "INFO", f"{gpus}" + (f" ({names})" if names else
+                                                       ": every lab runs on CPU with gloo")))
+    ok_gloo = dist.is_available() and dist.is_gloo_available()
+    report.rows.append(Row("backend gloo", "OK" if ok_gloo else "FAIL", "available" if ok_gloo else "missing",
+                           "" if ok_gloo else "install an official torch build (gloo ships with it)"))
+    nccl = dist.is_available() and dist.is_nccl_available()
+    report.rows.append(Row("backend nccl", "INFO", "available" if nccl else "not in this build (CUDA only)"))
+    mpi = dist.is_available() and dist.is_mpi_available()
+    report.rows.append(Row("backend mpi", "INFO", "available" if mpi else "not in this build (needs torch built from source)"))
+    return ok_gloo
+
+
+def _allreduce_row(report, nproc=2):
+    from ddpcourse.launcher import run
+
+    script = os.path.join(os.path.dirname(__file__), "_doctor_allreduce.py")
+    result = run(script, nproc=nproc, timeout=60, show="none")
+    want = float(sum(range(nproc)))
+    if result.ok and result.values("total") == [want] * nproc:
+        backend = result.values("backend")[0]
+        report.rows.append(Row(f"{nproc}-process all_reduce", "OK",
+                               f"{backend}, sum {want:g} on every rank, {result.duration:.1f} s"))
+    else:
+        report.rows.append(Row(f"{nproc}-process all_reduce", "FAIL", result.message.splitlines()[0][:200],
+                               "see README 'Troubleshooting'; try `python -m ddpcourse run "
+                               "ddpcourse/_doctor_allreduce.py --nproc 2` to see every rank's output"))
+
+
+def check_environment(launch=True):
+    """Collect the rows without printing them."""
+    report = DoctorReport()
+    version = platform.python_version()
+    good_python = sys.version_info >= (3, 10)
+    report.rows.append(Row("python", "OK" if good_python else "FAIL", f"{version} ({sys.executable})",
+                           "" if good_python else "use Python 3.10 or newer (environment.yml pins 3.11)"))
+    report.rows.append(Row("platform", "INFO", f"{platform.system()} {platform.machine()}",
+                           "on Windows, use WSL2 (see README)" if os.name == "nt" else ""))
+    cores = os.cpu_count() or 1
+    report.rows.append(Row("CPU cores", "OK" if cores >= 2 else "INFO", str(cores),
+                           "" if cores >= 2 else "1 core: labs still run, just slower"))
+    _package_rows(report)
+    try:
+        loopback = socket.gethostbyname("localhost")
+        report.rows.append(Row("localhost", "OK" if loopback.startswith("127.") else "FAIL", loopback,
+                               "" if loopback.startswith("127.") else "add '127.0.0.1 localhost' to /etc/hosts"))
+    except OSError as exc:
+        report.rows.append(Row("localhost", "FAIL", str(exc), "add '127.0.0.1 localhost' to /etc/hosts"))
+    if _torch_rows(report) and launch:
+        _allreduce_row(report)
+    return report
+
+
+def format_report(report, color=True):
+    paint = {"OK": "32", "FAIL": "31", "INFO": "36"}
+    width = max(len(row.name) for row in report.rows)
+    lines = []
+    for row in report.rows:
+        mark = f"\033[{paint[row.status]}m{row.status:<4}\033[0m" if color else f"{row.status:<4}"
+        lines.append(f"{mark}  {row.name:<{width}}  {row.value}")
+        if row.fix and row.status == "FAIL":
+            lines.append(f"      {'':<{width}}  fix: {row.fix}")
+    verdict = "ready for the course" if report.ok else "NOT ready: apply the fixes above"
+    lines.append(f"{sum(r.status == 'FAIL' for r in report.rows)} failed: {verdict}.")
+    return "\n".join(lines)
+
+
+def doctor(launch=True):
+    """Check this machine, print the table, return the DoctorReport."""
+    report = check_environment(launch)
+    print(format_report(report, color=sys.stdout.isatty() or "ipykernel" in sys.modules))
+    return report
