@@ -12,7 +12,7 @@ def main(argv=None):
     run.add_argument("--nproc", type=int, default=2)
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before every rank is stopped")
     run.add_argument("--rank0", action="store_true", help="show only rank 0's output")
-    run.add_argument("args", nargs=argparse.REMAINDER, help="after --: arguments for the script")
+    run.epilog = "Arguments after -- go to the script: python -m ddpcourse run lab.py --nproc 2 -- --steps 5"
 
     check = sub.add_parser("check", help="run a lab and check its results")
     check.add_argument("file", help="a lab file (labs/, solutions/ or your own copy), or its number")
@@ -24,12 +24,13 @@ def main(argv=None):
 
     sub.add_parser("doctor", help="check this machine and environment for the course")
 
-    options = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    options = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     if options.command == "run":
         from ddpcourse.launcher import run as launch
-        args = options.args[1:] if options.args[:1] == ["--"] else options.args
         try:
-            result = launch(options.file, nproc=options.nproc, args=args, timeout=options.timeout,
+            result = launch(options.file, nproc=options.nproc, args=script_args, timeout=options.timeout,
                             show="rank0" if options.rank0 else "all")
         except KeyboardInterrupt:
             return 130

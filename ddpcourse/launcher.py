@@ -82,12 +82,17 @@ class RunResult:
 
 # ----------------------------------------------------------------------------- process tree
 def processes_of_run(run_id):
-    """PIDs of every live process started by run ``run_id``, found by the marker in its environment.
+    """PIDs of every live process started by run ``run_id`` (see find_processes)."""
+    return find_processes(f"{RUN_ID_ENV}={run_id}")
+
+
+def find_processes(env_entry):
+    """PIDs of live processes whose environment holds ``env_entry`` ("NAME=value").
 
     Children inherit the environment, so this finds grandchildren even after they left the process
     group (setsid) or were re-parented. Linux only (elsewhere: empty, and killpg does the work).
     """
-    marker = f"{RUN_ID_ENV}={run_id}".encode()
+    marker = env_entry.encode()
     found = []
     proc = Path("/proc")
     if not proc.is_dir():
@@ -302,12 +307,14 @@ def _peer_errors(exceptions):
 
 def _agent_exit_codes(agent_output):
     """(rank, exitcode) pairs from torchrun's failure table, its root cause first."""
-    table = re.findall(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", agent_output, re.M)
-    pairs = [(int(r), int(c)) for r, c in table]
+    def pairs(text):
+        table = re.findall(r"^\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", text, re.M)
+        return [(int(r), int(c)) for r, c in table]
+
     root = agent_output.find("Root Cause")
-    if root >= 0:
-        pairs = _agent_exit_codes(agent_output[root + 10:]) + pairs
-    return pairs
+    if root < 0:
+        return pairs(agent_output)
+    return pairs(agent_output[root:]) + pairs(agent_output[:root])
 
 
 def _describe_exit(code):

@@ -15,12 +15,12 @@ def _diagnose(name, got, rank, world, expected, local, total, rank0_value, sum_f
         return f"rank {rank}: {name} is {got!r}, expected the number {expected:g}"
     if world > 1 and close(got, total):
         return f"rank {rank}: {name} is {got:g}, the SUM over ranks (expected {expected:g}): {sum_fix}"
-    if world > 1 and close(got, local) and not close(local, expected):
-        return (f"rank {rank}: {name} is {got:g}, this rank's own value (expected {expected:g}): "
-                f"no collective combined it with the other ranks")
     if rank != 0 and close(rank0_value, expected):
         return (f"rank {rank}: {name} is {got:g}, expected {expected:g}; rank 0 is right, so the result reached "
                 f"rank 0 only: use all_reduce (every rank gets the result), not reduce(dst=0)")
+    if world > 1 and close(got, local) and not close(local, expected):
+        return (f"rank {rank}: {name} is {got:g}, this rank's own value (expected {expected:g}): "
+                f"no collective combined it with the other ranks")
     return f"rank {rank}: {name} is {got:g}, expected {expected:g}"
 
 
