@@ -1,0 +1,77 @@
+"""Lab checks: every solution passes, every generated lab fails naming its open TODO, and realistic
+wrong versions fail with the message that names the mistake."""
+import pytest
+
+from ddpcourse.checks import check_lab
+from ddpcourse.paths import COURSE_ROOT
+
+SOLUTIONS = sorted((COURSE_ROOT / "solutions").glob("[0-9][0-9]_*.py"))
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_solution_passes_its_check(solution):
+    report = check_lab(solution, quiet=True)
+    assert report.passed, "\n".join(map(str, report.failures))
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_generated_lab_fails_naming_its_first_todo(solution):
+    lab = COURSE_ROOT / "labs" / solution.name
+    report = check_lab(lab, quiet=True)
+    assert not report.passed
+    assert len(report.results) == 1  # stops at the first world size: nothing else to say yet
+    assert f"TODO 1 in labs/{solution.name} is not done yet" in report.failures[0].detail
+
+
+def mutant(tmp_path, solution_name, *edits):
+    """A copy of a solution with `edits` (old, new) applied: a learner's realistic wrong version."""
+    text = (COURSE_ROOT / "solutions" / solution_name).read_text()
+    for old, new in edits:
+        assert old in text, f"the solution no longer contains {old!r}: update this test"
+        text = text.replace(old, new)
+    folder = tmp_path / "learner"
+    folder.mkdir()
+    path = folder / solution_name  # the check identifies the lab by its file name
+    path.write_text(text)
+    return path
+
+
+def detail(report, name_part):
+    found = [c for c in report.results if name_part in c.name]
+    assert found, [c.name for c in report.results]
+    return found[0]
+
+
+def test_lab00_sum_instead_of_mean_sum_instead_of_max_and_wrong_gather_order(tmp_path):
+    path = mutant(tmp_path, "00_first_collectives.py",
+                  ("return total / world_size", "return total"),
+                  ("op=dist.ReduceOp.MAX", "op=dist.ReduceOp.SUM"),
+                  ("return torch.stack(parts)", "return torch.stack(parts[::-1])"))
+    report = check_lab(path, nproc=2, quiet=True)
+    assert not report.passed
+    mean = detail(report, "mean_loss")
+    assert not mean.passed and "the SUM over ranks" in mean.detail and "divide the sum by the world size" in mean.detail
+    peak = detail(report, "max_grad_norm")
+    assert not peak.passed and "op=dist.ReduceOp.MAX" in peak.detail
+    gathered = detail(report, "all_losses")
+    assert not gathered.passed and "not in rank order" in gathered.detail
+    assert detail(report, "left unchanged").passed  # the mistakes above are told apart from this one
+
+
+def test_lab00_result_on_rank0_only_and_in_place_reduction(tmp_path):
+    path = mutant(tmp_path, "00_first_collectives.py",
+                  ("dist.all_reduce(total, op=dist.ReduceOp.SUM)", "dist.reduce(total, dst=0, op=dist.ReduceOp.SUM)"),
+                  ("largest = value.clone()", "largest = value"))
+    report = check_lab(path, nproc=2, quiet=True)
+    mean = detail(report, "mean_loss")
+    assert not mean.passed and "reached rank 0 only" in mean.detail and "rank 1" in mean.detail
+    assert "rank 0:" not in mean.detail  # rank 0 itself is right
+    inputs = detail(report, "left unchanged")
+    assert not inputs.passed and "reduce a clone()" in inputs.detail
+
+
+def test_lab00_sum_as_mean_is_invisible_on_one_rank_so_the_check_uses_more(tmp_path):
+    path = mutant(tmp_path, "00_first_collectives.py", ("return total / world_size", "return total"))
+    report = check_lab(path, quiet=True)  # the lab's own world sizes: 1, 2, 3
+    assert [c.passed for c in report.results if c.name.startswith("nproc=1")] == [True] * 4
+    assert not report.passed and "not run with nproc=3" in report.skipped
