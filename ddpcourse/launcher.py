@@ -33,7 +33,7 @@ from ddpcourse.reporting import RUN_DIR_ENV
 
 RUN_ID_ENV = "DDPCOURSE_RUN_ID"
 DEFAULT_TIMEOUT = 60.0
-POLL_SECONDS = 0.02
+POLL_SECONDS = 0.1  # how often the live output is refreshed; the end of the run is noticed at once
 # Errors a rank gets *because another rank went away*: never the root cause while another rank has one.
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                        r"ECONNRESET|Socket Timeout|Connection refused|recvBytes", re.I)
@@ -282,7 +282,14 @@ def _root_cause(events, nproc, agent_output, display_file):
                       "Every rank must make the same collective calls in the same order.",
                 row["traceback"])
     else:
-        return None
+        codes = dict(reversed(_agent_exit_codes(agent_output)))  # the root cause's code wins
+        crashed = [r for r, _ in finished if codes.get(r, 0) not in (0, -signal.SIGTERM)]
+        if not crashed:
+            return None
+        rank = crashed[0]
+        return RankFailure(rank, f"rank {rank} ran its script to the end, then {_describe_exit(codes[rank])} "
+                                 "while exiting. Often a process group left open: call "
+                                 "dist.destroy_process_group() at the end of the script.")
     if row["event"] == "exit":
         return RankFailure(rank, f"rank {rank} called sys.exit({row['message']}).")
     if "todo" in row:
@@ -449,7 +456,10 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
                     break
                 drain(logs.poll())
                 printer.tick(elapsed)
-                time.sleep(POLL_SECONDS)
+                try:
+                    proc.wait(timeout=min(POLL_SECONDS, max(0.0, timeout - elapsed)) or POLL_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
         except KeyboardInterrupt:
             result.interrupted = True
             _kill_tree(proc, run_id)

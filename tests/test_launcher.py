@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from ddpcourse.launcher import _agent_exit_codes, find_processes, processes_of_run, run
+from ddpcourse.launcher import _agent_exit_codes, _root_cause, find_processes, processes_of_run, run
 
 SLACK = 15.0  # the bound: every failure ends within timeout + 15 s
 
@@ -213,6 +213,15 @@ def test_two_runs_at_once_do_not_collide(tmp_path):
 ])
 def test_torchrun_failure_table_is_parsed_root_cause_first(table, expected):
     assert _agent_exit_codes(table) == expected
+
+
+def test_crash_after_the_script_finished_is_explained():
+    finished = [{"event": "started", "time": 0.0, "pid": 1}, {"event": "finished", "time": 1.0, "pid": 1}]
+    table = "Root Cause (first observed failure):\n[0]:\n  rank      : 2 (local_rank: 2)\n  exitcode  : -6 (pid: 9)\n"
+    failure = _root_cause({rank: finished for rank in range(3)}, 3, table, "lab.py")
+    assert failure.rank == 2
+    assert "ran its script to the end, then was killed by SIGABRT" in failure.summary
+    assert "dist.destroy_process_group()" in failure.summary
 
 
 def _alive(pid):
