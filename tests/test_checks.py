@@ -4,6 +4,7 @@ import pytest
 
 from ddpcourse.checks import check_lab
 from ddpcourse.paths import COURSE_ROOT
+from helpers import detail, mutant
 
 SOLUTIONS = sorted((COURSE_ROOT / "solutions").glob("[0-9][0-9]_*.py"))
 
@@ -21,25 +22,6 @@ def test_generated_lab_fails_naming_its_first_todo(solution):
     assert not report.passed
     assert len(report.results) == 1  # stops at the first world size: nothing else to say yet
     assert f"TODO 1 in labs/{solution.name} is not done yet" in report.failures[0].detail
-
-
-def mutant(tmp_path, solution_name, *edits):
-    """A copy of a solution with `edits` (old, new) applied: a learner's realistic wrong version."""
-    text = (COURSE_ROOT / "solutions" / solution_name).read_text()
-    for old, new in edits:
-        assert old in text, f"the solution no longer contains {old!r}: update this test"
-        text = text.replace(old, new)
-    folder = tmp_path / "learner"
-    folder.mkdir()
-    path = folder / solution_name  # the check identifies the lab by its file name
-    path.write_text(text)
-    return path
-
-
-def detail(report, name_part):
-    found = [c for c in report.results if name_part in c.name]
-    assert found, [c.name for c in report.results]
-    return found[0]
 
 
 def test_lab00_sum_instead_of_mean_sum_instead_of_max_and_wrong_gather_order(tmp_path):
