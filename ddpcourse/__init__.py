@@ -9,12 +9,13 @@ from ddpcourse.reporting import report
 __all__ = ["run_lab", "check_lab", "report", "init_distributed", "compare_replicas", "doctor", "predict"]
 
 
-def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None):
-    """Run a lab (a number such as "00", or a path) on ``nproc`` local processes. See ddpcourse.launcher."""
+def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_args=(), nnodes=1):
+    """Run a lab (a number such as "00", or a path) on ``nproc`` local processes. See ddpcourse.launcher.run."""
     from ddpcourse.launcher import DEFAULT_TIMEOUT, run
     from ddpcourse.paths import resolve_lab
 
-    return run(resolve_lab(lab), nproc=nproc, args=args, timeout=timeout or DEFAULT_TIMEOUT, show=show, env=env)
+    return run(resolve_lab(lab), nproc=nproc, args=args, timeout=timeout or DEFAULT_TIMEOUT, show=show, env=env,
+               torchrun_args=torchrun_args, nnodes=nnodes)
 
 
 def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipywidgets

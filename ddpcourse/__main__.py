@@ -12,6 +12,8 @@ def main(argv=None):
     run.add_argument("--nproc", type=int, default=2)
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before every rank is stopped")
     run.add_argument("--rank0", action="store_true", help="show only rank 0's output")
+    run.add_argument("--nnodes", type=int, default=1, help="torchrun agents ('nodes') on this machine, each --nproc ranks")
+    run.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts every rank up to this many times")
     run.epilog = "Arguments after -- go to the script: python -m ddpcourse run lab.py --nproc 2 -- --steps 5"
 
     check = sub.add_parser("check", help="run a lab and check its results")
@@ -31,7 +33,8 @@ def main(argv=None):
         from ddpcourse.launcher import run as launch
         try:
             result = launch(options.file, nproc=options.nproc, args=script_args, timeout=options.timeout,
-                            show="rank0" if options.rank0 else "all")
+                            show="rank0" if options.rank0 else "all", nnodes=options.nnodes,
+                            torchrun_args=["--max-restarts", str(options.max_restarts)] if options.max_restarts else ())
         except KeyboardInterrupt:
             return 130
         return 0 if result.ok else (124 if result.timed_out else 1)

@@ -63,8 +63,10 @@ def main():
     run_dir = os.environ[RUN_DIR_ENV]
     rank = int(os.environ.get("RANK", "0"))
     handles = _redirect_output(run_dir, rank)  # noqa: F841 (kept open for the process's life)
-    write_event("started", local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    write_event("started", local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
+    if restart:  # the same log continues: mark where the new attempt begins
+        print(f"--- torchrun restarted this rank (restart {restart}) ---", flush=True)
     sys.argv = [lab_file] + sys.argv[2:]
     sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would
     try:

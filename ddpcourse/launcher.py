@@ -62,6 +62,11 @@ class RunResult:
     message: str = ""
     run_id: str = ""
     agent_output: str = ""
+    nnodes: int = 1
+
+    @property
+    def world_size(self):
+        return self.nproc * self.nnodes
 
     @property
     def ok(self):
@@ -69,11 +74,11 @@ class RunResult:
 
     def values(self, name):
         """``name`` as reported by every rank, in rank order (a clear error if the run failed)."""
-        missing = [r for r in range(self.nproc) if name not in self.reports.get(r, {})]
+        missing = [r for r in range(self.world_size) if name not in self.reports.get(r, {})]
         if missing:
             why = "the run failed (see the message above)" if not self.ok else "the script never reported it"
             raise KeyError(f"ranks {missing} did not report {name!r}: {why}")
-        return [self.reports[r][name] for r in range(self.nproc)]
+        return [self.reports[r][name] for r in range(self.world_size)]
 
     def __repr__(self):
         state = "ok" if self.ok else ("timed out" if self.timed_out else "failed")
@@ -110,16 +115,18 @@ def find_processes(env_entry):
     return found
 
 
-def _kill_tree(proc, run_id):
-    """SIGKILL the launcher's process group and anything else carrying this run's marker."""
+def _kill_tree(procs, run_id):
+    """SIGKILL the agents' process groups and anything else carrying this run's marker."""
     if os.name == "nt":
-        subprocess.run(["taskkill", "/T", "/F", "/PID", str(proc.pid)], capture_output=True)
+        for proc in procs:
+            subprocess.run(["taskkill", "/T", "/F", "/PID", str(proc.pid)], capture_output=True)
     else:
         for _ in range(3):  # a dying parent can fork once more: sweep until nothing is left
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            for proc in procs:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
             for pid in processes_of_run(run_id):
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -128,10 +135,11 @@ def _kill_tree(proc, run_id):
             if not processes_of_run(run_id):
                 break
             time.sleep(0.05)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 # ----------------------------------------------------------------------------- run directory
@@ -383,10 +391,26 @@ def _loopback_interface():
     return "lo0" if sys.platform == "darwin" else "lo"
 
 
-def build_command(file, nproc, args=(), torchrun_args=()):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+def build_command(file, nproc, args=(), torchrun_args=(), rendezvous=None):
+    """The torchrun command line. rendezvous: None for one node (--standalone), else
+    (port, run_id, nnodes) for one of several agents meeting at 127.0.0.1:port."""
+    if rendezvous is None:
+        where = ["--standalone"]
+    else:
+        port, run_id, nnodes = rendezvous
+        where = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                 "--rdzv-id", run_id]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             "--nproc-per-node", str(nproc), "--local-addr", "127.0.0.1", "--monitor-interval", "0.05",
             *torchrun_args, "-m", "ddpcourse._worker", str(file), *map(str, args)]
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def build_env(nproc, run_dir, run_id, extra=None):
@@ -406,16 +430,20 @@ def build_env(nproc, run_dir, run_id, extra=None):
     return env
 
 
-def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, torchrun_args=()):
+def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, torchrun_args=(), nnodes=1):
     """Run ``file`` on ``nproc`` processes; see the module docstring. Returns a RunResult.
 
     show: "all" (every rank's output), "rank0" (only rank 0's; the failure summary names any rank) or
     "none" (print nothing: the caller uses the result, e.g. ``result.message``).
+    torchrun_args: extra torchrun options, e.g. ["--max-restarts", "1"].
+    nnodes: start this many torchrun agents ("nodes", all on this machine) of ``nproc`` ranks each,
+    meeting through a c10d rendezvous on 127.0.0.1; the world size is nnodes * nproc.
     """
     lab_file = Path(file).resolve()
     shown = display_path(lab_file)
     start = time.monotonic()
-    result = RunResult(file=str(lab_file), nproc=nproc, returncode=0, duration=0.0)
+    result = RunResult(file=str(lab_file), nproc=nproc, returncode=0, duration=0.0, nnodes=nnodes)
+    world = nproc * nnodes
     syntax = _syntax_error(lab_file)
     if syntax:  # no need to start N interpreters to find this
         result.returncode, result.failure = 1, RankFailure(0, f"{shown} has a syntax error", syntax)
@@ -426,19 +454,25 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
 
     run_id = uuid.uuid4().hex
     result.run_id = run_id
-    printer = _Printer(show, nproc, shown, timeout)
+    printer = _Printer(show, world, shown, timeout)
     with tempfile.TemporaryDirectory(prefix="ddpcourse-run-") as run_dir:
         logs = _RankLogs(run_dir)
-        output = {rank: [] for rank in range(nproc)}
-        proc = subprocess.Popen(
-            build_command(lab_file, nproc, args, torchrun_args), env=build_env(nproc, run_dir, run_id, env),
+        output = {rank: [] for rank in range(world)}
+        if nnodes == 1:
+            commands = [build_command(lab_file, nproc, args, torchrun_args)]
+        else:
+            rendezvous = (_free_port(), run_id, nnodes)
+            commands = [build_command(lab_file, nproc, args, torchrun_args, rendezvous)] * nnodes
+        procs = [subprocess.Popen(
+            command, env=build_env(nproc, run_dir, run_id, env),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=(os.name != "nt"),
-            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0))
-        agent_chunks = []
-        reader = threading.Thread(target=lambda: agent_chunks.extend(iter(proc.stdout.readline, b"")),
-                                  daemon=True)
-        reader.start()
+            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)) for command in commands]
+        agent_chunks = [[] for _ in procs]
+        readers = [threading.Thread(target=lambda p=p, c=c: c.extend(iter(p.stdout.readline, b"")), daemon=True)
+                   for p, c in zip(procs, agent_chunks)]
+        for reader in readers:
+            reader.start()
 
         def drain(lines):
             for rank, text in lines:
@@ -446,7 +480,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
                 printer.line(rank, text)
 
         try:
-            while proc.poll() is None:
+            while any(proc.poll() is None for proc in procs):
                 elapsed = time.monotonic() - start
                 if elapsed > timeout:
                     drain(logs.poll())
@@ -457,33 +491,36 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
                 drain(logs.poll())
                 printer.tick(elapsed)
                 try:
-                    proc.wait(timeout=min(POLL_SECONDS, max(0.0, timeout - elapsed)) or POLL_SECONDS)
-                except subprocess.TimeoutExpired:
+                    running = next(proc for proc in procs if proc.poll() is None)
+                    running.wait(timeout=min(POLL_SECONDS, max(0.0, timeout - elapsed)) or POLL_SECONDS)
+                except (subprocess.TimeoutExpired, StopIteration):
                     pass
         except KeyboardInterrupt:
             result.interrupted = True
-            _kill_tree(proc, run_id)
+            _kill_tree(procs, run_id)
             printer.finish(output)
             print(f"Interrupted: every process of this run of {shown} was stopped.", flush=True)  # even if quiet
             raise
         finally:
-            _kill_tree(proc, run_id)  # also ends grandchildren a finished run left behind
-            reader.join(timeout=5)
+            _kill_tree(procs, run_id)  # also ends grandchildren a finished run left behind
+            for reader in readers:
+                reader.join(timeout=5)
             drain(logs.flush())
             events = _read_events(run_dir)
 
     result.duration = time.monotonic() - start
-    result.returncode = 124 if result.timed_out else proc.returncode
+    codes = [proc.returncode for proc in procs]
+    result.returncode = 124 if result.timed_out else next((c for c in codes if c), 0)
     result.output = output
-    result.agent_output = b"".join(agent_chunks).decode("utf-8", "replace")
-    for rank in range(nproc):
+    result.agent_output = "\n".join(b"".join(chunks).decode("utf-8", "replace") for chunks in agent_chunks)
+    for rank in range(world):
         rows, merged = events.get(rank, []), {}
         for row in rows:
             if row["event"] == "report":
                 merged.update(row["values"])
         result.reports[rank] = merged
     if not result.ok and not result.timed_out:
-        result.failure = _root_cause(events, nproc, result.agent_output, shown)
+        result.failure = _root_cause(events, world, result.agent_output, shown)
     printer.finish(output)
     result.message = _summary(result, shown)
     if show != "none":
@@ -506,11 +543,12 @@ def _syntax_error(path):
 def _summary(result, shown):
     took = f" in {result.duration:.1f} s" if result.duration else ""
     if result.ok:
-        return f"OK: {shown} finished on {result.nproc} rank{'s' if result.nproc > 1 else ''}{took}."
+        nodes = f" ({result.nnodes} nodes of {result.nproc})" if result.nnodes > 1 else ""
+        return f"OK: {shown} finished on {result.world_size} rank{'s' if result.world_size > 1 else ''}{nodes}{took}."
     if result.timed_out:
         parts = [f"TIMEOUT: {shown} did not finish{took}; all its processes were killed. "
                  "Where each rank was (most recent call first):"]
-        for rank in range(result.nproc):
+        for rank in range(result.world_size):
             stack = result.stacks.get(rank)
             parts.append(f"rank {rank}:\n{stack}" if stack else f"rank {rank}: no stack (not running)")
         parts.append("A rank waiting in a collective usually means another rank never made the matching call.")

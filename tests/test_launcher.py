@@ -230,3 +230,33 @@ def _alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_two_nodes_on_this_machine_give_global_and_local_ranks(tmp_path):
+    path = script(tmp_path, "nodes.py", """
+        import os, torch.distributed as dist
+        from ddpcourse import report
+        dist.init_process_group("gloo")
+        report(rank=dist.get_rank(), node=int(os.environ["GROUP_RANK"]), local=int(os.environ["LOCAL_RANK"]))
+        dist.destroy_process_group()
+        """)
+    result = launch(path, nproc=2, nnodes=2, timeout=60)
+    assert result.ok, result.message
+    assert result.world_size == 4 and "4 ranks (2 nodes of 2)" in result.message
+    by_rank = [(r["rank"], r["node"], r["local"]) for r in (result.reports[i] for i in range(4))]
+    assert by_rank == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+
+
+def test_max_restarts_restarts_every_rank_after_one_dies(tmp_path):
+    path = script(tmp_path, "dies_once.py", """
+        import os
+        from ddpcourse import report
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        if attempt == 0 and os.environ["RANK"] == "1":
+            os._exit(7)  # the first attempt loses rank 1
+        report(attempt=attempt)
+        """)
+    result = launch(path, nproc=2, timeout=60, torchrun_args=["--max-restarts", "1"])
+    assert result.ok, result.message
+    assert result.values("attempt") == [1, 1]  # both ranks were restarted, and the reports are the last attempt's
+    assert "--- torchrun restarted this rank (restart 1) ---" in result.output[1]
