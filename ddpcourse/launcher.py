@@ -59,6 +59,7 @@ class RunResult:
     interrupted: bool = False
     failure: RankFailure = None
     stacks: dict = field(default_factory=dict)   # rank -> formatted stack at the timeout
+    writes: dict = field(default_factory=dict)   # rank -> files written under $DDPCOURSE_WATCH_WRITES
     message: str = ""
     run_id: str = ""
     agent_output: str = ""
@@ -519,6 +520,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             if row["event"] == "report":
                 merged.update(row["values"])
         result.reports[rank] = merged
+        result.writes[rank] = [row["path"] for row in rows if row["event"] == "wrote"]
     if not result.ok and not result.timed_out:
         result.failure = _root_cause(events, world, result.agent_output, shown)
     printer.finish(output)

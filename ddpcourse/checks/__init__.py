@@ -6,11 +6,17 @@ learner's copy anywhere works. Each lab has a module here, ``labNN.py``, with
     NPROCS = (1, 2, 3)                 # world sizes the check runs the lab with
     def checks(run) -> list[Check]     # run: the launcher's RunResult for one world size
 
+and, when one world size needs several differently configured runs (say, one with an injected failure),
+
+    def runs(workdir) -> {name: dict(env=..., args=..., torchrun_args=...)}   # workdir: fresh, per world size
+    def checks(runs) -> list[Check]    # runs: {name: RunResult}
+
 The checks compare what the lab ``report``-ed with values computed here, independently of the lab, and
 say what is wrong in the words of the likely mistake ("the sum, not the mean: divide by the world size").
 """
 import importlib
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,11 +83,18 @@ def check_lab(lab, nproc=None, timeout=CHECK_TIMEOUT, quiet=False):
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
     say(f"Checking {display_path(path)} (lab {number}) on {', '.join(map(str, sizes))} rank(s)")
     for i, size in enumerate(sizes):
-        result = launch(path, nproc=size, timeout=timeout, show="none")
-        if result.ok:
-            found = [Check(f"nproc={size}: {c.name}", c.passed, c.detail) for c in module.checks(result)]
-        else:
-            found = [Check(f"nproc={size}: the lab runs to the end", False, result.message)]
+        with tempfile.TemporaryDirectory(prefix="ddpcourse-check-") as workdir:
+            specs = module.runs(workdir) if hasattr(module, "runs") else {"": {}}
+            results, found = {}, []
+            for name, spec in specs.items():
+                results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
+                if not result.ok:
+                    label = f" ({name} run)" if name else ""
+                    found = [Check(f"nproc={size}: the lab runs to the end{label}", False, result.message)]
+                    break
+            if not found:
+                outcome = module.checks(results if hasattr(module, "runs") else results[""])
+                found = [Check(f"nproc={size}: {c.name}", c.passed, c.detail) for c in outcome]
         for check in found:
             say(str(check))
         report.results.extend(found)
