@@ -424,6 +424,9 @@ def build_env(nproc, run_dir, run_id, extra=None):
         "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc)),
         "MASTER_ADDR": "127.0.0.1",
         "GLOO_SOCKET_IFNAME": _loopback_interface(),
+        # With the rendezvous store shared (torch's default), ranks restarted by --max-restarts can read
+        # their peers' addresses from the previous attempt and fail to connect (pytorch issue 135712).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         # The workers find ddpcourse (for the bootstrap) even without `pip install -e .`.
         "PYTHONPATH": os.pathsep.join(filter(None, [str(COURSE_ROOT), os.environ.get("PYTHONPATH")])),
     })

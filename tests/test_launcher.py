@@ -249,14 +249,18 @@ def test_two_nodes_on_this_machine_give_global_and_local_ranks(tmp_path):
 
 def test_max_restarts_restarts_every_rank_after_one_dies(tmp_path):
     path = script(tmp_path, "dies_once.py", """
-        import os
+        import os, torch, torch.distributed as dist
         from ddpcourse import report
         attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-        if attempt == 0 and os.environ["RANK"] == "1":
-            os._exit(7)  # the first attempt loses rank 1
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1))  # every rank is connected to every other
+        if attempt == 0 and dist.get_rank() == 2:
+            os._exit(7)  # the first attempt loses rank 2
+        dist.all_reduce(torch.ones(1))  # the restarted ranks must reconnect, not reuse old addresses
         report(attempt=attempt)
+        dist.destroy_process_group()
         """)
-    result = launch(path, nproc=2, timeout=60, torchrun_args=["--max-restarts", "1"])
+    result = launch(path, nproc=3, timeout=60, torchrun_args=["--max-restarts", "1"])
     assert result.ok, result.message
-    assert result.values("attempt") == [1, 1]  # both ranks were restarted, and the reports are the last attempt's
-    assert "--- torchrun restarted this rank (restart 1) ---" in result.output[1]
+    assert result.values("attempt") == [1, 1, 1]  # every rank restarted; reports are the last attempt's
+    assert "--- torchrun restarted this rank (restart 1) ---" in result.output[2]
