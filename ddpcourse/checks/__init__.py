@@ -6,7 +6,8 @@ learner's copy anywhere works. Each lab has a module here, ``labNN.py``, with
     NPROCS = (1, 2, 3)                 # world sizes the check runs the lab with
     def checks(run) -> list[Check]     # run: the launcher's RunResult for one world size
 
-and, when one world size needs several differently configured runs (say, one with an injected failure),
+optionally ``def explain_failure(run) -> str`` (what a failed run's evidence says beyond its traceback), and,
+when one world size needs several differently configured runs (say, one with an injected failure),
 
     def runs(workdir) -> {name: dict(env=..., args=..., torchrun_args=...)}   # workdir: fresh, per world size
     def checks(runs) -> list[Check]    # runs: {name: RunResult}
@@ -90,11 +91,13 @@ def check_lab(lab, nproc=None, timeout=CHECK_TIMEOUT, quiet=False):
                 results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
                 if not result.ok:
                     label = f" ({name} run)" if name else ""
-                    found = [Check(f"nproc={size}: the lab runs to the end{label}", False, result.message)]
+                    extra = module.explain_failure(result) if hasattr(module, "explain_failure") else ""
+                    detail = result.message + (f"\n      {extra}" if extra else "")
+                    found = [Check(f"nproc={size}: the lab runs to the end{label}", False, detail)]
                     break
             if not found:
                 outcome = module.checks(results if hasattr(module, "runs") else results[""])
-                found = [Check(f"nproc={size}: {c.name}", c.passed, c.detail) for c in outcome]
+                found = [Check(f"nproc={size}: {c.name}", c.passed, "" if c.passed else c.detail) for c in outcome]
         for check in found:
             say(str(check))
         report.results.extend(found)

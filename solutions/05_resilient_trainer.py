@@ -1,0 +1,125 @@
+"""Lab 05: a DDP trainer that survives a crash. Checkpoints, resume, and a fresh shuffle every epoch.
+
+`torchrun --max-restarts 1` restarts *every* rank after one of them dies. It restarts processes, not
+training: whatever the script did not save is gone. This trainer saves a checkpoint every few steps and,
+when it starts, resumes from the last one, so that a crash costs a few steps and changes nothing else:
+the final weights are exactly those of a run that never crashed.
+
+Your tasks (notebooks/05_launching_and_scaling_out.ipynb explains each):
+  TODO 1  epoch_order: give each epoch its own shuffle (DistributedSampler.set_epoch)
+  TODO 2  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written
+  TODO 3  load_checkpoint: if a checkpoint exists, restore model, optimizer and step on every rank
+
+Run:       python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 -- --checkpoint-dir /tmp/ckpt
+Crash it:  DDPCOURSE_FAIL_AT_STEP=7 python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 \
+               --max-restarts 1 -- --checkpoint-dir /tmp/ckpt2
+Check:     python -m ddpcourse check labs/05_resilient_trainer.py
+"""
+import argparse
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DistributedSampler
+
+from ddpcourse import init_distributed, report
+from ddpcourse.toy import build_model, make_dataset
+
+# ---- config -------------------------------------------------------------------------------------
+EPOCHS = 3
+SAMPLES = 48            # divisible by 1, 2 and 3 ranks: no padding, every sample exactly once per epoch
+BATCH_PER_RANK = 4
+LR = 0.05
+MOMENTUM = 0.9          # momentum buffers are optimizer state: a resume that forgets them drifts
+CHECKPOINT_EVERY = 3    # optimizer steps between checkpoints
+SEED = 0
+# DDP regroups its gradient buckets after the first iteration. With 3 or more ranks the grouping decides
+# the order in which the ranks' gradients are added, so a resumed run, whose first step uses the initial
+# grouping, would end a few float32 ulps away from an uninterrupted one. DDP skips the regrouping when
+# find_unused_parameters=True, so every step adds in the same order and a resume is bit-exact.
+BIT_EXACT_RESUME = True
+# A crash to recover from: on the first attempt, the last rank dies once this many steps are done.
+FAIL_AT_STEP = int(os.environ.get("DDPCOURSE_FAIL_AT_STEP", "-1"))
+# -------------------------------------------------------------------------------------------------
+
+
+def epoch_order(sampler, epoch):
+    """The sample indices this rank trains on in `epoch`, in the order it trains on them."""
+    ### BEGIN SOLUTION
+    ### HINT: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order
+    sampler.set_epoch(epoch)  # the shuffle is seeded by (seed, epoch): the same on every rank, new each epoch
+    return list(sampler)
+    ### END SOLUTION
+
+
+def save_checkpoint(path, model, optimizer, step, rank):
+    """Write model, optimizer and step to `path`, from rank 0 alone; return once it is on disk."""
+    ### BEGIN SOLUTION
+    ### HINT: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank
+    if rank == 0:  # the replicas are identical: one writer is enough, and N writers would race on one file
+        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        temporary = f"{path}.tmp"
+        torch.save(state, temporary)
+        os.replace(temporary, path)  # atomic: a crash leaves the old checkpoint or the new one, never half
+    dist.barrier()  # nobody trains on (or dies) before the checkpoint exists
+    ### END SOLUTION
+
+
+def load_checkpoint(path, model, optimizer):
+    """Restore model and optimizer from `path` if it exists. Returns the step to continue from (0 if none)."""
+    ### BEGIN SOLUTION
+    ### HINT: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path, map_location="cpu", weights_only=True)  # data only: no code runs on load
+    model.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
+    ### END SOLUTION
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoint-dir", default=None, help="default: a new temporary folder")
+    options = parser.parse_args()
+    checkpoint_dir = options.checkpoint_dir or tempfile.mkdtemp(prefix="lab05-")
+    path = os.path.join(checkpoint_dir, "checkpoint.pt")
+
+    rank, world_size, device = init_distributed()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dataset = make_dataset(samples=SAMPLES, seed=SEED)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)
+    model = DDP(build_model(SEED).to(device), find_unused_parameters=BIT_EXACT_RESUME)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    steps_per_epoch = len(sampler) // BATCH_PER_RANK
+
+    start_step = load_checkpoint(path, model, optimizer)
+    print(f"attempt {attempt}: starting at step {start_step} of {EPOCHS * steps_per_epoch}")
+    orders, step, loss = [], start_step, torch.tensor(float("nan"))
+    for epoch in range(start_step // steps_per_epoch, EPOCHS):
+        order = epoch_order(sampler, epoch)
+        orders.append(order)
+        for batch in range(step % steps_per_epoch, steps_per_epoch):  # skip what the checkpoint already did
+            if attempt == 0 and step == FAIL_AT_STEP and rank == world_size - 1:
+                print(f"simulated crash at step {step}", flush=True)
+                os._exit(1)  # like a killed process: no cleanup, no exception
+            indices = order[batch * BATCH_PER_RANK:(batch + 1) * BATCH_PER_RANK]
+            x, y = dataset.tensors[0][indices].to(device), dataset.tensors[1][indices].to(device)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % CHECKPOINT_EVERY == 0:
+                save_checkpoint(path, model, optimizer, step, rank)
+    print(f"attempt {attempt}: finished {step} steps, last loss {loss.item():.4f}")
+    report(attempt=attempt, start_step=start_step, steps=step, steps_per_epoch=steps_per_epoch,
+           checkpoint_every=CHECKPOINT_EVERY, samples=SAMPLES, orders=orders, first_epoch=start_step // steps_per_epoch,
+           weights=model.module.state_dict())
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
