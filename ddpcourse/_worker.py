@@ -22,14 +22,15 @@ TODO_PATTERN = re.compile(r"^TODO (\d+)\b:?\s*(.*)", re.S)
 
 
 def _redirect_output(run_dir, rank):
-    log = open(os.path.join(run_dir, f"rank{rank}.log"), "ab", buffering=0)
-    os.dup2(log.fileno(), 1)  # both streams into one file keeps their relative order
-    os.dup2(log.fileno(), 2)
-    stacks = open(os.path.join(run_dir, f"rank{rank}.stacks"), "w")
+    # Raw descriptors, not file objects: nothing for Python to warn about ("unclosed file") at exit.
+    log = os.open(os.path.join(run_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 1)  # both streams into one file keeps their relative order
+    os.dup2(log, 2)
+    os.close(log)
+    stacks = os.open(os.path.join(run_dir, f"rank{rank}.stacks"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     if hasattr(signal, "SIGUSR1"):  # not on Windows
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    faulthandler.enable(file=sys.stderr)  # a segfault still leaves a stack in the log
-    return log, stacks
+    faulthandler.enable(file=2)  # a segfault still leaves a stack in the log
 
 
 def _lab_frames(tb, lab_file):
@@ -96,7 +97,7 @@ def main():
     lab_file = os.path.abspath(sys.argv[1])
     run_dir = os.environ[RUN_DIR_ENV]
     rank = int(os.environ.get("RANK", "0"))
-    handles = _redirect_output(run_dir, rank)  # noqa: F841 (kept open for the process's life)
+    _redirect_output(run_dir, rank)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     write_event("started", local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
     if restart:  # the same log continues: mark where the new attempt begins

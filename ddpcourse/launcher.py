@@ -243,6 +243,8 @@ def format_stack(raw, lab_file):
     for filename, lineno, func in lab_threads[-1]:
         if "runpy" in filename or filename.endswith("_worker.py"):
             break
+        if filename.startswith("<frozen importlib"):  # the import machinery: noise between modules
+            continue
         if os.path.abspath(filename) == lab_file:
             code = linecache.getline(filename, lineno).strip()
             out.append(f"  -> {_short(filename)}:{lineno} in {func}:  {code}")
