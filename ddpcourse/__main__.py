@@ -2,24 +2,31 @@
 import argparse
 import sys
 
+RUN_EXAMPLE = """examples:
+  python -m ddpcourse run labs/00_first_collectives.py --nproc 3
+  python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 --max-restarts 1 -- --checkpoint-dir /tmp/ck
+Arguments after -- are passed to the script."""
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m ddpcourse", description="ddpcourse tools")
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
 
-    run = sub.add_parser("run", help="run a script on N local processes (torchrun, never hangs)")
+    run = sub.add_parser("run", help="run a script on N local processes (torchrun, never hangs)",
+                         usage="python -m ddpcourse run FILE [options] [-- ARGS...]",
+                         epilog=RUN_EXAMPLE, formatter_class=type("Formatter", (defaults, argparse.RawDescriptionHelpFormatter), {}))
     run.add_argument("file")
-    run.add_argument("--nproc", type=int, default=2)
+    run.add_argument("--nproc", type=int, default=2, help="processes (ranks) per node")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds before every rank is stopped")
     run.add_argument("--rank0", action="store_true", help="show only rank 0's output")
     run.add_argument("--nnodes", type=int, default=1, help="torchrun agents ('nodes') on this machine, each --nproc ranks")
     run.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts every rank up to this many times")
-    run.epilog = "Arguments after -- go to the script: python -m ddpcourse run lab.py --nproc 2 -- --steps 5"
 
-    check = sub.add_parser("check", help="run a lab and check its results")
+    check = sub.add_parser("check", help="run a lab and check its results", formatter_class=defaults)
     check.add_argument("file", help="a lab file (labs/, solutions/ or your own copy), or its number")
     check.add_argument("--nproc", type=int, default=None, help="one world size instead of the lab's list")
-    check.add_argument("--timeout", type=float, default=60.0)
+    check.add_argument("--timeout", type=float, default=60.0, help="seconds each run may take before it is stopped")
 
     make = sub.add_parser("make-labs", help="generate labs/ from solutions/ (course authors)")
     make.add_argument("--check", action="store_true", help="change nothing; exit 1 if labs/ is stale")
@@ -28,7 +35,10 @@ def main(argv=None):
 
     argv = list(sys.argv[1:] if argv is None else argv)
     script_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    options = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    options, unknown = parser.parse_known_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if unknown:
+        hint = " (arguments for the script go after --)" if options.command == "run" else ""
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if options.command == "run":
         from ddpcourse.launcher import run as launch
         try:

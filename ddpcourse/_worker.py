@@ -53,9 +53,8 @@ def _record_exception(exc, lab_file):
     todo = TODO_PATTERN.match(str(exc)) if isinstance(exc, NotImplementedError) else None
     if todo:
         fields["todo"] = {"number": int(todo.group(1)), "hint": todo.group(2).strip()}
+    # Not printed here: the launcher prints the root-cause rank's traceback once, not once per rank.
     write_event("exception", **fields)
-    sys.stderr.write(text)
-    sys.stderr.flush()
 
 
 def _watch_writes(folder):

@@ -310,8 +310,11 @@ def _root_cause(events, nproc, agent_output, display_file):
         return RankFailure(rank, f"TODO {todo['number']} in {display_file} is not done yet{where}{hint}")
     same = sorted(r for r, e in exceptions if e["message"] == row["message"] and r != rank)
     also = f" (ranks {same} raised the same error)" if same else ""
-    return RankFailure(rank, f"rank {rank} raised {row['type']}: {_first_line(row['message'])}{also}",
-                       row["traceback"])
+    others = [(r, e) for r, e in exceptions if r != rank and r not in same]
+    details = row["traceback"].rstrip()
+    if others:
+        details += "\nThe other ranks failed as a consequence:\n" + _peer_errors(others)
+    return RankFailure(rank, f"rank {rank} raised {row['type']}: {_first_line(row['message'])}{also}", details)
 
 
 def _first_line(text):
@@ -320,7 +323,7 @@ def _first_line(text):
 
 
 def _peer_errors(exceptions):
-    return "\n".join(f"rank {r}: {row['type']}: {_first_line(row['message'])}" for r, row in exceptions)
+    return "\n".join(f"  rank {r}: {row['type']}: {_first_line(row['message'])[:160]}" for r, row in exceptions)
 
 
 def _agent_exit_codes(agent_output):
@@ -503,9 +506,12 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
                     pass
         except KeyboardInterrupt:
             result.interrupted = True
+            raw = _dump_stacks(run_dir, _read_events(run_dir), wait=1.0)  # where were they? then stop them
+            result.stacks = {rank: format_stack(text, lab_file) for rank, text in sorted(raw.items())}
             _kill_tree(procs, run_id)
             printer.finish(output)
-            print(f"Interrupted: every process of this run of {shown} was stopped.", flush=True)  # even if quiet
+            print(f"Interrupted: every process of this run of {shown} was stopped. "  # even if quiet
+                  f"Where each rank was (most recent call first):\n{_stacks_text(result)}", flush=True)
             raise
         finally:
             _kill_tree(procs, run_id)  # also ends grandchildren a finished run left behind
@@ -547,6 +553,14 @@ def _syntax_error(path):
     return None
 
 
+def _stacks_text(result):
+    parts = []
+    for rank in range(result.world_size):
+        stack = result.stacks.get(rank)
+        parts.append(f"rank {rank}:\n{stack}" if stack else f"rank {rank}: no stack (not running yet, or already gone)")
+    return "\n".join(parts)
+
+
 def _summary(result, shown):
     took = f" in {result.duration:.1f} s" if result.duration else ""
     if result.ok:
@@ -555,9 +569,7 @@ def _summary(result, shown):
     if result.timed_out:
         parts = [f"TIMEOUT: {shown} did not finish{took}; all its processes were killed. "
                  "Where each rank was (most recent call first):"]
-        for rank in range(result.world_size):
-            stack = result.stacks.get(rank)
-            parts.append(f"rank {rank}:\n{stack}" if stack else f"rank {rank}: no stack (not running)")
+        parts.append(_stacks_text(result))
         parts.append("A rank waiting in a collective usually means another rank never made the matching call.")
         return "\n".join(parts)
     failure = result.failure

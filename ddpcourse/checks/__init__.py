@@ -84,6 +84,7 @@ def check_lab(lab, nproc=None, timeout=CHECK_TIMEOUT, quiet=False):
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
     say(f"Checking {display_path(path)} (lab {number}) on {', '.join(map(str, sizes))} rank(s)")
     for i, size in enumerate(sizes):
+        say(f"... running the lab on {size} rank(s) (timeout {timeout:g} s per run)")
         with tempfile.TemporaryDirectory(prefix="ddpcourse-check-") as workdir:
             specs = module.runs(workdir) if hasattr(module, "runs") else {"": {}}
             results, found = {}, []

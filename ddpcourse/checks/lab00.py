@@ -37,13 +37,17 @@ def checks(run):
     found = []
 
     local_loss, local_norm = run.values("local_loss"), run.values("local_grad_norm")
-    changed = [r for r in range(world) if not (close(local_loss[r], losses[r]) and close(local_norm[r], norms[r]))]
-    found.append(Check(
-        "each rank's own values are left unchanged", not changed,
-        f"ranks {changed}: after your functions ran, local_loss/local_grad_norm are "
-        f"{[local_loss[r] for r in changed]}/{[local_norm[r] for r in changed]}, expected "
-        f"{[losses[r] for r in changed]}/{[norms[r] for r in changed]}. all_reduce changes the tensor you "
-        "pass in place: reduce a clone()." if changed else ""))
+    problems = []
+    for rank in range(world):
+        if not close(local_loss[rank], losses[rank]):
+            problems.append(f"rank {rank}: local_loss became {local_loss[rank]:g} (was {losses[rank]:g}): global_mean or "
+                            "gather_all changed its input in place")
+        if not close(local_norm[rank], norms[rank]):
+            problems.append(f"rank {rank}: local_grad_norm became {local_norm[rank]:g} (was {norms[rank]:g}): "
+                            "global_max changed its input in place")
+    if problems:
+        problems.append("all_reduce writes its result into the tensor you pass: reduce a clone()")
+    found.append(Check("each rank's own values are left unchanged", not problems, "\n      ".join(problems)))
 
     found.append(_agreed("mean_loss", run.values("mean_loss"), world, sum(losses) / world, losses,
                          "divide the sum by the world size"))
