@@ -11,9 +11,9 @@ when it starts, resumes from the last one, so that a crash costs a few steps and
 the final weights are exactly those of a run that never crashed.
 
 Your tasks (notebooks/05_launching_and_scaling_out.ipynb explains each):
-  TODO 1  epoch_order: give each epoch its own shuffle (DistributedSampler.set_epoch)
-  TODO 2  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written
-  TODO 3  load_checkpoint: if a checkpoint exists, restore model, optimizer and step on every rank
+  TODO 1  load_checkpoint: if a checkpoint exists, restore model, optimizer and step on every rank
+  TODO 2  epoch_order: give each epoch its own shuffle (DistributedSampler.set_epoch)
+  TODO 3  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written
 
 Run:       python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 -- --checkpoint-dir /tmp/ckpt
 Crash it:  DDPCOURSE_FAIL_AT_STEP=7 python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 \
@@ -37,7 +37,7 @@ EPOCHS = 3
 SAMPLES = 48            # divisible by 1, 2 and 3 ranks: no padding, every sample exactly once per epoch
 BATCH_PER_RANK = 4
 LR = 0.05
-MOMENTUM = 0.9          # momentum buffers are optimizer state: a resume that forgets them drifts
+MOMENTUM = 0.5          # momentum buffers are optimizer state: a resume that forgets them drifts
 CHECKPOINT_EVERY = 3    # optimizer steps between checkpoints
 SEED = 0
 # DDP regroups its gradient buckets after the first iteration. With 3 or more ranks the grouping decides
@@ -50,22 +50,22 @@ FAIL_AT_STEP = int(os.environ.get("DDPCOURSE_FAIL_AT_STEP", "-1"))
 # -------------------------------------------------------------------------------------------------
 
 
+def load_checkpoint(path, model, optimizer):
+    """Restore model and optimizer from `path` if it exists. Returns the step to continue from (0 if none)."""
+    # TODO 1: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0
+    raise NotImplementedError('TODO 1: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0')
+
+
 def epoch_order(sampler, epoch):
     """The sample indices this rank trains on in `epoch`, in the order it trains on them."""
-    # TODO 1: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order
-    raise NotImplementedError("TODO 1: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order")
+    # TODO 2: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order
+    raise NotImplementedError("TODO 2: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order")
 
 
 def save_checkpoint(path, model, optimizer, step, rank):
     """Write model, optimizer and step to `path`, from rank 0 alone; return once it is on disk."""
-    # TODO 2: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank
-    raise NotImplementedError('TODO 2: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank')
-
-
-def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from `path` if it exists. Returns the step to continue from (0 if none)."""
-    # TODO 3: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0
-    raise NotImplementedError('TODO 3: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0')
+    # TODO 3: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank
+    raise NotImplementedError('TODO 3: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank')
 
 
 def main():

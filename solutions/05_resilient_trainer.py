@@ -6,9 +6,9 @@ when it starts, resumes from the last one, so that a crash costs a few steps and
 the final weights are exactly those of a run that never crashed.
 
 Your tasks (notebooks/05_launching_and_scaling_out.ipynb explains each):
-  TODO 1  epoch_order: give each epoch its own shuffle (DistributedSampler.set_epoch)
-  TODO 2  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written
-  TODO 3  load_checkpoint: if a checkpoint exists, restore model, optimizer and step on every rank
+  TODO 1  load_checkpoint: if a checkpoint exists, restore model, optimizer and step on every rank
+  TODO 2  epoch_order: give each epoch its own shuffle (DistributedSampler.set_epoch)
+  TODO 3  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written
 
 Run:       python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 -- --checkpoint-dir /tmp/ckpt
 Crash it:  DDPCOURSE_FAIL_AT_STEP=7 python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 \
@@ -32,7 +32,7 @@ EPOCHS = 3
 SAMPLES = 48            # divisible by 1, 2 and 3 ranks: no padding, every sample exactly once per epoch
 BATCH_PER_RANK = 4
 LR = 0.05
-MOMENTUM = 0.9          # momentum buffers are optimizer state: a resume that forgets them drifts
+MOMENTUM = 0.5          # momentum buffers are optimizer state: a resume that forgets them drifts
 CHECKPOINT_EVERY = 3    # optimizer steps between checkpoints
 SEED = 0
 # DDP regroups its gradient buckets after the first iteration. With 3 or more ranks the grouping decides
@@ -43,6 +43,19 @@ BIT_EXACT_RESUME = True
 # A crash to recover from: on the first attempt, the last rank dies once this many steps are done.
 FAIL_AT_STEP = int(os.environ.get("DDPCOURSE_FAIL_AT_STEP", "-1"))
 # -------------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(path, model, optimizer):
+    """Restore model and optimizer from `path` if it exists. Returns the step to continue from (0 if none)."""
+    ### BEGIN SOLUTION
+    ### HINT: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0
+    if not os.path.exists(path):
+        return 0
+    state = torch.load(path, map_location="cpu", weights_only=True)  # data only: no code runs on load
+    model.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["step"]
+    ### END SOLUTION
 
 
 def epoch_order(sampler, epoch):
@@ -64,19 +77,6 @@ def save_checkpoint(path, model, optimizer, step, rank):
         torch.save(state, temporary)
         os.replace(temporary, path)  # atomic: a crash leaves the old checkpoint or the new one, never half
     dist.barrier()  # nobody trains on (or dies) before the checkpoint exists
-    ### END SOLUTION
-
-
-def load_checkpoint(path, model, optimizer):
-    """Restore model and optimizer from `path` if it exists. Returns the step to continue from (0 if none)."""
-    ### BEGIN SOLUTION
-    ### HINT: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0
-    if not os.path.exists(path):
-        return 0
-    state = torch.load(path, map_location="cpu", weights_only=True)  # data only: no code runs on load
-    model.module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    return state["step"]
     ### END SOLUTION
 
 

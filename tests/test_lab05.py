@@ -25,3 +25,15 @@ def test_every_rank_writing_the_checkpoint(tmp_path):
     assert not report.passed
     # two writers race on one file: the run may even crash; either way the check names the writers
     assert any("ranks [0, 1] wrote into the checkpoint folder" in c.detail for c in report.failures)
+
+
+def test_slurm_template_is_valid_bash_and_launches_torchrun_per_node():
+    import subprocess
+    from ddpcourse.paths import COURSE_ROOT
+
+    template = COURSE_ROOT / "notebooks" / "demos" / "05_slurm_torchrun.sbatch"
+    syntax = subprocess.run(["bash", "-n", str(template)], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    text = template.read_text()
+    assert "#SBATCH --ntasks-per-node=1" in text  # one agent per node: torchrun starts the workers
+    assert "srun torchrun" in text and "--rdzv-backend=c10d" in text and '--nnodes="$SLURM_NNODES"' in text

@@ -1,0 +1,61 @@
+"""Demo for notebook 05: what torchrun gives each worker, three ways to initialize, and the GPU code path.
+
+python -m ddpcourse run notebooks/demos/05_what_torchrun_sets.py --nproc 2 -- --tcp-port 29999 --file /tmp/x
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ddpcourse import report
+
+TORCHRUN_VARIABLES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                      "TORCHELASTIC_RUN_ID"]
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--tcp-port", type=int, required=True)  # a free port the notebook picked
+parser.add_argument("--file", required=True)                # a path that does not exist yet
+options = parser.parse_args()
+rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+# 1. The environment: torchrun passes everything through variables, nothing through arguments.
+report(env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES}, argv=sys.argv[1:])
+
+# 2. Three init methods. Each time: join, all_reduce the ranks, leave.
+if rank == 1:
+    time.sleep(1.5)  # late on purpose: init_process_group blocks until every rank has joined
+methods = {
+    "env://": {},  # MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the environment (torchrun's default)
+    f"tcp://127.0.0.1:{options.tcp_port}": {"rank": rank, "world_size": world_size},
+    f"file://{options.file}": {"rank": rank, "world_size": world_size},  # a file on a shared filesystem
+}
+sums, waited = {}, None
+for method, extra in methods.items():
+    start = time.perf_counter()
+    dist.init_process_group("gloo", init_method=method, **extra)
+    if waited is None:
+        waited = time.perf_counter() - start
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total)
+    sums[method.split(":")[0]] = total.item()
+    dist.barrier()
+    dist.destroy_process_group()
+report(sums=sums, init_wait_s=waited)
+
+# 3. Which backends this torch build has, and the GPU path (one GPU per local rank).
+report(backends={"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()})
+local_rank = int(os.environ["LOCAL_RANK"])
+if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
+    torch.cuda.set_device(local_rank)  # before any CUDA work: this process owns GPU `local_rank`
+    dist.init_process_group("nccl")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1).cuda(), device_ids=[local_rank])
+    gpu_path = f"ran: rank {rank} trains on {next(model.parameters()).device}"
+    dist.destroy_process_group()
+else:
+    gpu_path = "skipped: no CUDA GPU for every local rank on this machine"
+report(gpu_path=gpu_path)
+print(f"rank {rank}: env:// tcp:// file:// all summed ranks to {sums['env']:g}; GPU path {gpu_path.split(':')[0]}")
