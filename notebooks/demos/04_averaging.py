@@ -1,0 +1,218 @@
+"""Demo for notebook 04: what a forward pass changes, averaging replicas by hand and with torch's
+PeriodicModelAverager, and broadcasting rank 0's weights (per tensor and flattened).
+
+python -m ddpcourse run notebooks/demos/04_averaging.py --nproc 2
+"""
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.distributed.algorithms.model_averaging.utils as model_averaging_utils
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from ddpcourse import init_distributed, report
+from ddpcourse.lab import compare_replicas
+from ddpcourse.toy import build_model, make_dataset
+
+# -------------------------------------------------------------------------------------------- config
+STEPS = 16            # local SGD steps in the drift experiment
+AVERAGE_EVERY = 4     # k
+LEARNING_RATE = 0.05
+BATCH_SIZE = 8
+DEEP_LAYERS = 40      # the broadcast timing model: many small tensors, like a real network
+DEEP_WIDTH = 64
+BROADCAST_REPEATS = 30
+# -----------------------------------------------------------------------------------------------------
+
+rank, world_size, device = init_distributed()
+data = make_dataset(samples=BATCH_SIZE * STEPS * world_size, seed=0)
+
+
+def my_batch(step):
+    """Rank r's batch at `step`: a slice no other rank sees."""
+    start = (step * world_size + rank) * BATCH_SIZE
+    return data.tensors[0][start:start + BATCH_SIZE], data.tensors[1][start:start + BATCH_SIZE]
+
+
+def train_step(model, optimizer, x, y):
+    optimizer.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    optimizer.step()
+
+
+def flat_parameters(model):
+    return parameters_to_vector(model.parameters()).detach().clone()
+
+
+def average_parameters_by_hand(model):
+    """The source's pattern (its Example 2): all_reduce(SUM) each parameter, then divide."""
+    with torch.no_grad():
+        for param in model.parameters():
+            dist.all_reduce(param, op=dist.ReduceOp.SUM)
+            param /= world_size
+
+
+def distance_between_replicas(model):
+    """The L2 distance of this rank's parameters from rank 0's (every rank calls it: a collective)."""
+    mine = flat_parameters(model)
+    theirs = mine.clone()
+    dist.broadcast(theirs, src=0)
+    gathered = torch.zeros(world_size, dtype=torch.float64)
+    gathered[rank] = float((mine - theirs).norm())
+    dist.all_reduce(gathered)  # every rank's distance, on every rank
+    return float(gathered.max())
+
+
+# ---- 1. a forward pass changes no parameter, only buffers ----------------------------------------------
+model = build_model(seed=0, batchnorm=True)  # the same seed everywhere: identical replicas
+params_before = flat_parameters(model)
+buffers_before = {name: b.clone() for name, b in model.named_buffers()}
+with torch.no_grad():
+    model(my_batch(0)[0])  # train mode, no backward, no optimizer step
+params_unchanged = torch.equal(flat_parameters(model), params_before)
+buffers_changed = [name for name, b in model.named_buffers() if not torch.equal(b, buffers_before[name])]
+after_forward = compare_replicas(model)
+print(f"forward (train mode): parameters unchanged {params_unchanged}, buffers changed {buffers_changed}")
+print(f"after the forward: {after_forward}")
+
+model.eval()
+state = {k: v.clone() for k, v in model.state_dict().items()}
+with torch.no_grad():
+    model(my_batch(1)[0])
+eval_unchanged = all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+print(f"forward (eval mode): everything unchanged {eval_unchanged}")
+
+# The source's Example 2 right after that forward: averaging identical parameters changes nothing.
+average_parameters_by_hand(model)
+example2_change = float((flat_parameters(model) - params_before).abs().max())
+print(f"source's Example 2 after a forward: parameters moved by {example2_change}")
+report(params_unchanged=params_unchanged, buffers_changed=buffers_changed, eval_unchanged=eval_unchanged,
+       after_forward=after_forward.as_dict(), example2_change=example2_change)
+
+# ---- 2. local SGD: drift, then average; by hand and with torch's PeriodicModelAverager -------------
+by_hand = build_model(seed=0, batchnorm=True)
+library = build_model(seed=0, batchnorm=True)
+default = build_model(seed=0, batchnorm=True)
+optimizers = [torch.optim.SGD(m.parameters(), lr=LEARNING_RATE) for m in (by_hand, library, default)]
+# PeriodicModelAverager averages on its first call (its step 0); warmup_steps = k - 1 moves its
+# averagings to after steps k, 2k, ... like the hand-written loop.
+aligned = PeriodicModelAverager(period=AVERAGE_EVERY, warmup_steps=AVERAGE_EVERY - 1)
+as_shipped = PeriodicModelAverager(period=AVERAGE_EVERY)
+drift_before, drift_after, vs_library, default_averaged_at = [], [], [], []
+for step in range(1, STEPS + 1):
+    x, y = my_batch(step)
+    for m, opt in zip((by_hand, library, default), optimizers):
+        train_step(m, opt, x, y)
+    drift_before.append(distance_between_replicas(by_hand))
+    if step % AVERAGE_EVERY == 0:
+        average_parameters_by_hand(by_hand)
+    drift_after.append(distance_between_replicas(by_hand))
+    aligned.average_parameters(library.parameters())
+    as_shipped.average_parameters(default.parameters())
+    if distance_between_replicas(default) == 0.0:
+        default_averaged_at.append(step)
+    vs_library.append(float((flat_parameters(by_hand) - flat_parameters(library)).abs().max()))
+print("distance between replicas before averaging:", " ".join(f"{d:.3f}" for d in drift_before))
+print("after (averaging after steps 4, 8, ...):   ", " ".join(f"{d:.3f}" for d in drift_after))
+print(f"max |by hand - PeriodicModelAverager| over all steps: {max(vs_library):.2g}")
+print(f"PeriodicModelAverager(period={AVERAGE_EVERY}) without warmup averaged after steps {default_averaged_at}")
+
+library_replicas = compare_replicas(library)  # the library averaged parameters only
+try:  # the filter it applies before averaging: parameters that have a gradient
+    model_averaging_utils.get_params_to_average(library.buffers())
+    buffers_error = ""
+except NotImplementedError as error:  # buffers are plain tensors, not nn.Parameter
+    buffers_error = f"NotImplementedError: {error}"
+print(f"after PeriodicModelAverager: {library_replicas}")
+print(f"passing buffers to it: {buffers_error}")
+report(drift_before=drift_before, drift_after=drift_after, vs_library=vs_library,
+       default_averaged_at=default_averaged_at, library_replicas=library_replicas.as_dict(),
+       buffers_error=buffers_error)
+
+# Averaging every step (k = 1) with plain SGD is gradient averaging: the same weights as DDP.
+every_step = build_model(seed=1)
+ddp = nn.parallel.DistributedDataParallel(build_model(seed=1))
+opt_a = torch.optim.SGD(every_step.parameters(), lr=LEARNING_RATE)
+opt_b = torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE)
+for step in range(1, 6):
+    x, y = my_batch(step)
+    train_step(every_step, opt_a, x, y)
+    average_parameters_by_hand(every_step)
+    train_step(ddp, opt_b, x, y)
+k1_vs_ddp = float((flat_parameters(every_step) - flat_parameters(ddp.module)).abs().max())
+print(f"averaging weights every step vs DDP (gradient averaging), 5 steps: max |diff| {k1_vs_ddp:.2g}")
+report(k1_vs_ddp=k1_vs_ddp)
+del ddp
+
+# ---- 3. broadcasting rank 0's weights -----------------------------------------------------------------
+try:
+    dist.broadcast(build_model(seed=rank).parameters(), src=0)  # the source's Example 1, as written
+    source_error = ""
+except TypeError as error:
+    source_error = " ".join(f"TypeError: {error}".split())
+print(f"dist.broadcast(model.parameters(), src=0) -> {source_error}")
+
+
+def broadcast_per_tensor(model):
+    """One message per parameter and per buffer."""
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor, src=0)
+
+
+def broadcast_flat(model):
+    """One message for all parameters: flatten, broadcast, copy back (buffers: per tensor, there are few)."""
+    with torch.no_grad():
+        flat = parameters_to_vector(model.parameters())
+        dist.broadcast(flat, src=0)
+        vector_to_parameters(flat, model.parameters())
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=0)
+
+
+checks = {}
+for name, fn in (("per tensor", broadcast_per_tensor), ("flattened", broadcast_flat)):
+    replica = build_model(seed=rank, batchnorm=True)  # a different model on every rank
+    differ_before = not compare_replicas(replica).identical
+    fn(replica)
+    checks[name] = differ_before and compare_replicas(replica).identical
+print(f"replicas identical after broadcast: {checks}")
+
+
+def deep_model(seed):
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Linear(DEEP_WIDTH, DEEP_WIDTH) for _ in range(DEEP_LAYERS)])
+
+
+deep = deep_model(seed=rank)
+timings = {}
+for name, fn in (("per tensor", broadcast_per_tensor), ("flattened", broadcast_flat)):
+    fn(deep)  # warm-up
+    times = []
+    for _ in range(BROADCAST_REPEATS):
+        dist.barrier()
+        start = time.perf_counter()
+        fn(deep)
+        times.append(time.perf_counter() - start)
+    timings[name] = sorted(times)[len(times) // 2]  # the median
+tensors = len(list(deep.parameters()))
+numel = sum(p.numel() for p in deep.parameters())
+print(f"timed: broadcast of {tensors} tensors ({numel * 4 / 2**20:.2f} MiB) per tensor and flattened "
+      f"(median of {BROADCAST_REPEATS}; the numbers are in the report)")
+report(source_error=source_error, broadcast_ok=checks, broadcast_ms={k: v * 1e3 for k, v in timings.items()},
+       deep_tensors=tensors, deep_mib=numel * 4 / 2**20)
+
+# ---- the source's "custom shared memory" suggestion: what the named module holds -----------------------
+nvtx_functions = sorted(n for n in dir(torch.cuda.nvtx) if not n.startswith("_") and callable(getattr(torch.cuda.nvtx, n)))
+shared = torch.zeros(4).share_memory_()
+report(nvtx_functions=nvtx_functions, share_memory=shared.is_shared())
+
+# Library facts the notebook states: the post-local-SGD optimizer exists, DDP's default bucket size.
+import torch.distributed.optim
+import torch.nn.parallel.distributed as ddp_module
+report(post_local_sgd_optimizer=hasattr(torch.distributed.optim, "PostLocalSGDOptimizer"),
+       default_bucket_cap_mb=ddp_module._DEFAULT_BUCKET_CAP_MB)
+dist.destroy_process_group()

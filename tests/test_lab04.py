@@ -1,0 +1,37 @@
+"""Lab 04 (local SGD): realistic wrong versions fail with the message that names the mistake.
+
+Each mutant combines mistakes that different checks catch, so two launches cover four mistakes.
+"""
+from ddpcourse.checks import check_lab
+from helpers import detail, mutant
+
+LAB = "04_local_sgd.py"
+
+
+def test_lab04_sum_without_division_and_averaging_every_step(tmp_path):
+    path = mutant(tmp_path, LAB,
+                  ("                tensor /= world_size", "                tensor *= 1  # the sum stays"),
+                  ("if step % every == 0:", "if True:  # every step"))
+    report = check_lab(path, nproc=2, quiet=True)
+    assert not report.passed
+    params = detail(report, "every parameter is averaged")
+    assert not params.passed and "SUM over ranks" in params.detail and "divide by the world size" in params.detail
+    assert "still differ" not in params.detail  # every rank holds the same (wrong) sum
+    buffers = detail(report, "every buffer is averaged")
+    assert not buffers.passed and "SUM over ranks" in buffers.detail and "norm.running_mean" in buffers.detail
+    schedule = detail(report, "replicas differ between averagings")
+    assert not schedule.passed and "you average every step" in schedule.detail and "[4, 8, 12]" in schedule.detail
+    assert not detail(report, "PeriodicModelAverager").passed
+
+
+def test_lab04_some_parameters_only_and_buffers_forgotten(tmp_path):
+    path = mutant(tmp_path, LAB,
+                  ("list(model.parameters()) + list(model.buffers())", "list(model.parameters())[:2]"))
+    report = check_lab(path, nproc=2, quiet=True)
+    params = detail(report, "every parameter is averaged")
+    assert not params.passed and "not only some of them" in params.detail
+    assert "fc2.weight" in params.detail and "fc1.weight" not in params.detail  # names what was left out
+    buffers = detail(report, "every buffer is averaged")
+    assert not buffers.passed and "average model.buffers() too" in buffers.detail
+    assert "norm.running_mean" in buffers.detail and "SUM" not in buffers.detail
+    assert detail(report, "replicas differ between averagings").passed  # the schedule is right
