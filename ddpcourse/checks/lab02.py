@@ -1,0 +1,131 @@
+"""Checks for lab 02 (initialization and broadcast): every src's values reach every rank, buffers too, in
+place; the DDP run that follows starts identical, reads disjoint shards and stays in sync.
+
+The expected values are rebuilt here (the lab's differently_started, replayed), not taken from the lab.
+"""
+import torch
+import torch.nn as nn
+
+from ddpcourse.checks import Check
+from ddpcourse.toy import build_model, make_dataset
+
+NPROCS = (1, 2, 3)
+# The lab's config, repeated: the check must not trust the learner's file for what is expected.
+SEED, LR, WARMUP_ROWS = 0, 0.1, 8
+TOLERANCE = 1e-5  # the DDP replay below sums gradients in another order than gloo does
+
+
+def started_state(rank):
+    """What rank `rank` holds before any broadcast (the lab's differently_started, rebuilt here)."""
+    model = build_model(seed=100 + rank, batchnorm=True)
+    generator = torch.Generator().manual_seed(200 + rank)
+    for _ in range(rank + 1):
+        model(torch.randn(WARMUP_ROWS, 8, generator=generator) + rank)
+    return {name: t.detach().double().flatten() for name, t in model.state_dict().items()}
+
+
+def _equal(reported, expected, names):
+    return all(torch.allclose(torch.tensor(reported[n], dtype=torch.float64), expected[n], rtol=0, atol=1e-7)
+               for n in names)
+
+
+def _broadcast_checks(run, world):
+    starts = [started_state(r) for r in range(world)]
+    params = [n for n in starts[0] if not n.startswith("norm.running") and "num_batches" not in n]
+    buffers = [n for n in starts[0] if n not in params]
+    values_problems, buffer_problems, object_problems = [], [], []
+    for src in range(world):
+        per_rank = run.values(f"src{src}")
+        owners = [[r for r in range(world) if _equal(got["state"], starts[r], params)] for got in per_rank]
+        object_problems += [f"src={src}, rank {rank}" for rank, got in enumerate(per_rank) if not got["same_objects"]]
+        if all(o == [src] for o in owners):
+            buffer_problems += [
+                f"src={src}: rank {rank}'s buffers ({', '.join(buffers)}) are not rank {src}'s: only the "
+                "parameters were broadcast. Loop over module.buffers() too (BatchNorm's running "
+                "statistics are buffers, not parameters)."
+                for rank, got in enumerate(per_rank) if not _equal(got["state"], starts[src], buffers)]
+        elif world > 1 and all(o == owners[0] for o in owners) and owners[0]:
+            values_problems.append(
+                f"src={src}: every rank holds rank {owners[0][0]}'s parameters, not rank {src}'s: "
+                f"pass src to dist.broadcast (src={src}), not a fixed rank.")
+        elif any(owners[rank] == [rank] for rank in range(world) if rank != src):
+            stuck = [rank for rank in range(world) if rank != src and owners[rank] == [rank]]
+            values_problems.append(
+                f"src={src}: ranks {stuck} still hold their own initial parameters, as if nothing was broadcast. "
+                "If you used broadcast_object_list: it sends pickled copies and puts NEW tensors into the "
+                "list; the module's own tensors are never written. Call dist.broadcast(tensor, src=src) "
+                "on each tensor instead.")
+        else:
+            values_problems.append(f"src={src}: the ranks' parameters are not rank {src}'s start "
+                                   f"(each rank's matches the start of ranks {owners})")
+    found = [
+        Check("every rank holds src's parameters, for every src", not values_problems,
+              "\n      ".join(dict.fromkeys(values_problems))),
+        Check("every rank holds src's buffers (BatchNorm running statistics), for every src",
+              not buffer_problems and not values_problems,
+              "\n      ".join(buffer_problems) if buffer_problems else
+              ("see the parameters above first" if values_problems else "")),
+        Check("the module keeps its tensor objects (written in place, not replaced)", not object_problems,
+              f"{', '.join(object_problems)}: after broadcast_module_ the module's parameters or buffers are new "
+              "objects or point at new memory (an optimizer built earlier would update the old ones). "
+              "Write into the existing tensors: dist.broadcast(tensor, src) works in place." if object_problems else ""),
+    ]
+    return found
+
+
+def _replay(batches, world):
+    """The DDP run, replayed in one process: start from rank 0's seed, average the ranks' gradients."""
+    torch.manual_seed(0)
+    model = build_model(seed=SEED)
+    data = make_dataset(seed=SEED)
+    x, y = data.tensors
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(len(batches[0])):
+        optimizer.zero_grad()
+        for rank in range(world):
+            rows = torch.tensor(batches[rank][step])
+            (nn.functional.mse_loss(model(x[rows]), y[rows]) / world).backward()
+        optimizer.step()
+    return {name: t.detach().double().flatten() for name, t in model.state_dict().items()}
+
+
+def _training_checks(run, world):
+    found = []
+    before = run.values("before_ddp")
+    found.append(Check("replicas identical after broadcast_module_(model, 0), before DDP",
+                       all(b["identical"] for b in before),
+                       "" if before[0]["identical"] else f"rank 0 reports: {before[0]}"))
+    batches = run.values("batches")
+    seen = [sorted(i for batch in ranks for i in batch) for ranks in batches]
+    total = len(make_dataset(seed=SEED))
+    problem = ""
+    if world > 1 and all(s == seen[0] for s in seen):
+        problem = (f"every rank read the same {len(seen[0])} samples: without a DistributedSampler every rank "
+                   "trains on the same data (world_size copies of one batch). Use "
+                   "DistributedSampler(dataset, num_replicas=world_size, rank=rank, ...) as the sampler.")
+    elif world > 1 and len(set().union(*map(set, seen))) < sum(map(len, seen)):
+        problem = ("the ranks' shards overlap: some samples are read by several ranks, others by none. "
+                   "Every rank's DistributedSampler needs the same seed (it splits one shared shuffle).")
+    elif sorted(i for s in seen for i in s) != list(range(total)):
+        problem = f"the ranks read {sum(map(len, seen))} samples in all, expected each of the {total} once."
+    found.append(Check("each rank reads its own shard: disjoint, together the whole dataset", not problem, problem))
+    after = run.values("after_training")
+    found.append(Check("replicas identical after DDP training", all(a["identical"] for a in after),
+                       "" if after[0]["identical"] else f"rank 0 reports: {after[0]}"))
+    if len({len(b) for b in batches}) == 1:
+        expected = _replay(batches, world)
+        trained = run.values("trained")[0]
+        wrong = [n for n in expected if not torch.allclose(torch.tensor(trained[n], dtype=torch.float64),
+                                                           expected[n], rtol=0, atol=TOLERANCE)]
+        found.append(Check("the trained weights are the data-parallel run's, from rank 0's start", not wrong,
+                           f"{wrong} differ from a replay of the same batches (one process, gradients averaged "
+                           "over ranks) starting from rank 0's model" if wrong else ""))
+    else:
+        found.append(Check("the trained weights are the data-parallel run's, from rank 0's start", False,
+                           f"the ranks took different numbers of steps: {[len(b) for b in batches]}"))
+    return found
+
+
+def checks(run):
+    world = run.nproc
+    return _broadcast_checks(run, world) + _training_checks(run, world)

@@ -1,0 +1,129 @@
+"""Demo for notebook 02, section 5: broadcasting a custom initialization, right and wrong, and its cost.
+
+python -m ddpcourse run notebooks/demos/02_custom_init.py --nproc 2
+No DDP here: these are the collectives DDP's constructor would otherwise do for you.
+"""
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ddpcourse import init_distributed, report
+from ddpcourse.lab import compare_replicas
+from ddpcourse.toy import build_model
+
+# -----------------------------------------------------------------------------
+SEED = 0
+PRETRAINED_WIDTH = 1024   # the "pretrained" model: 4 Linear(1024, 1024) layers, about 4.2 M parameters
+PRETRAINED_LAYERS = 4
+REPEATS = 3               # each way of loading is timed REPEATS times; the fastest run counts
+# -----------------------------------------------------------------------------
+
+rank, world_size, device = init_distributed()
+
+
+def custom_init_on_rank0(model):
+    """A rank-0-only initialization (as in the source's Example 3): rank 0 writes 0, 1, 2, ... into a row."""
+    if rank == 0:
+        with torch.no_grad():
+            model.fc1.weight[0, :] = torch.arange(8.0)
+            model.norm.running_mean.fill_(0.5)  # and a buffer, say restored from a checkpoint
+
+
+def broadcast_parameters_and_buffers_(module, src):
+    """Write rank `src`'s values into every rank's tensors, one dist.broadcast per tensor, in place."""
+    with torch.no_grad():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor, src=src)
+
+
+# Wrong: broadcast_object_list on a list of the model's tensors.
+model = build_model(seed=SEED + rank, batchnorm=True)  # seeded by rank on purpose: the broadcast must fix it
+custom_init_on_rank0(model)
+sent = [p.data for p in model.parameters()]
+dist.broadcast_object_list(sent, src=0)  # pickles rank 0's tensors; the others get NEW tensors in the list
+object_list = compare_replicas(model)
+list_holds_model_tensors = all(a.data_ptr() == b.data_ptr() for a, b in zip(sent, model.parameters()))
+list_holds_rank0_row = sent[0][0].tolist() == list(range(8))
+print(f"broadcast_object_list: {object_list}")
+print(f"  the list now holds the model's own tensors: {list_holds_model_tensors}; "
+      f"it holds rank 0's values: {list_holds_rank0_row}")
+
+# Half right: parameters only (the BatchNorm buffers keep each rank's values).
+model = build_model(seed=SEED + rank, batchnorm=True)
+custom_init_on_rank0(model)
+with torch.no_grad():
+    for parameter in model.parameters():
+        dist.broadcast(parameter, src=0)
+parameters_only = compare_replicas(model)
+print(f"parameters only:       {parameters_only}")
+
+# Right: every parameter and buffer, in place.
+model = build_model(seed=SEED + rank, batchnorm=True)
+custom_init_on_rank0(model)
+before = [id(t) for t in list(model.parameters()) + list(model.buffers())]
+broadcast_parameters_and_buffers_(model, src=0)
+in_place = compare_replicas(model)
+same_objects = before == [id(t) for t in list(model.parameters()) + list(model.buffers())]
+row0 = model.fc1.weight[0].tolist()
+print(f"parameters and buffers: {in_place}; same tensor objects: {same_objects}; fc1.weight[0] = {row0}")
+report(object_list=object_list.as_dict(), list_holds_model_tensors=list_holds_model_tensors,
+       list_holds_rank0_row=list_holds_rank0_row, parameters_only=parameters_only.as_dict(),
+       in_place=in_place.as_dict(), same_objects=same_objects, row0=row0)
+
+
+# Pretrained weights: load on every rank, or load on rank 0 and broadcast?
+def pretrained_shape():
+    return nn.Sequential(*[nn.Linear(PRETRAINED_WIDTH, PRETRAINED_WIDTH) for _ in range(PRETRAINED_LAYERS)])
+
+
+folder = [tempfile.mkdtemp(prefix="ddpcourse-02-") if rank == 0 else None]
+dist.broadcast_object_list(folder, src=0)  # a small Python object: what broadcast_object_list is for
+checkpoint = os.path.join(folder[0], "pretrained.pt")
+if rank == 0:
+    torch.manual_seed(SEED)
+    torch.save(pretrained_shape().state_dict(), checkpoint)
+dist.barrier()
+file_bytes = os.path.getsize(checkpoint)
+model = pretrained_shape()  # every rank builds the architecture (random weights, to be replaced)
+n_parameters = sum(p.numel() for p in model.parameters())
+
+
+def load_on_every_rank():
+    model.load_state_dict(torch.load(checkpoint, weights_only=True))
+
+
+def load_on_rank0_and_broadcast():
+    if rank == 0:
+        model.load_state_dict(torch.load(checkpoint, weights_only=True))
+    broadcast_parameters_and_buffers_(model, src=0)
+
+
+timings, identical = {}, {}
+for name, load in [("every rank loads", load_on_every_rank), ("rank 0 loads, broadcast", load_on_rank0_and_broadcast)]:
+    best = float("inf")
+    for _ in range(REPEATS):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_()  # forget the previous load: different values on every rank again
+        dist.barrier()
+        start = time.perf_counter()
+        load()
+        dist.barrier()  # the slowest rank decides when training can start
+        best = min(best, time.perf_counter() - start)
+    worst = torch.tensor(best)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    timings[name] = worst.item()
+    identical[name] = compare_replicas(model).identical
+    print(f"{name:24s} {worst.item() * 1000:7.1f} ms  replicas identical: {identical[name]}")
+report(n_parameters=n_parameters, file_bytes=file_bytes, timings=timings, identical_after_load=identical,
+       bytes_read_from_disk={"every rank loads": world_size * file_bytes, "rank 0 loads, broadcast": file_bytes},
+       bytes_broadcast={"every rank loads": 0, "rank 0 loads, broadcast": n_parameters * 4 * (world_size - 1)})
+dist.barrier()
+if rank == 0:
+    os.remove(checkpoint)
+    os.rmdir(folder[0])
+dist.destroy_process_group()

@@ -1,0 +1,78 @@
+"""Demo for notebook 02, sections 1-2: seeds decide the initial weights; DDP's constructor broadcasts.
+
+python -m ddpcourse run notebooks/demos/02_seeds_and_wrap.py --nproc 2
+The last step wraps models whose shapes differ on purpose: the run ends with DDP's error.
+"""
+import inspect
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddpcourse import init_distributed, report
+from ddpcourse.lab import compare_replicas
+from ddpcourse.toy import TinyNet, build_model
+
+# -----------------------------------------------------------------------------
+SEED = 0            # the shared seed for the initial weights
+WARMUP_BATCH = 8    # rows per BatchNorm warm-up batch (makes the buffers differ per rank)
+# -----------------------------------------------------------------------------
+
+# 1. Seeds decide the initial weights, wherever the model is built.
+built_before_init = build_model(seed=SEED)  # no process group exists yet
+rank, world_size, device = init_distributed()
+built_after_init = build_model(seed=SEED)
+seeded_by_rank = build_model(seed=SEED + rank)
+
+torch.manual_seed(SEED)
+if rank == 0:
+    torch.rand(3)  # rank 0 alone draws a random number (say, for a log) between seeding and building
+extra_draw_on_rank0 = TinyNet()
+
+seeds = {"built_before_init": compare_replicas(built_before_init),
+         "built_after_init": compare_replicas(built_after_init),
+         "seeded_by_rank": compare_replicas(seeded_by_rank),
+         "extra_draw_on_rank0": compare_replicas(extra_draw_on_rank0)}
+for name, result in seeds.items():
+    print(f"{name:20s} {result}")
+same_as_before_init = all(torch.equal(a, b) for a, b in zip(built_before_init.state_dict().values(),
+                                                               built_after_init.state_dict().values()))
+report(seeds={name: r.as_dict() for name, r in seeds.items()}, same_before_and_after_init=same_as_before_init)
+
+
+# 2. DDP's constructor broadcasts rank 0's parameters AND buffers.
+def differently_started(rank):
+    """A BatchNorm model seeded by rank, its running statistics warmed on rank+1 batches of its own."""
+    model = build_model(seed=SEED + rank, batchnorm=True)
+    generator = torch.Generator().manual_seed(100 + rank)
+    for _ in range(rank + 1):  # num_batches_tracked differs too
+        model(torch.randn(WARMUP_BATCH, 8, generator=generator) + rank)
+    return model
+
+
+model = differently_started(rank)
+before = compare_replicas(model)
+tensors_before = [t for t in list(model.parameters()) + list(model.buffers())]
+ddp = DDP(model)  # default broadcast_buffers=True, and init_sync=True: the broadcast happens here
+after = compare_replicas(ddp)
+rank0_start = differently_started(0)  # rebuilt here, on every rank, to compare with what DDP left
+equals_rank0 = all(torch.equal(a, b) for a, b in zip(ddp.module.state_dict().values(),
+                                                      rank0_start.state_dict().values()))
+same_tensors = all(a is b for a, b in zip(tensors_before, list(model.parameters()) + list(model.buffers())))
+print(f"before DDP(...): {before}")
+print(f"after  DDP(...): {after}")
+print(f"every rank now holds rank 0's start: {equals_rank0}; same tensor objects, written in place: {same_tensors}")
+
+# Where torch does it: the lines of DistributedDataParallel.__init__ that verify and broadcast.
+source = inspect.getsource(DDP.__init__).splitlines()
+where = [line.strip() for line in source if "_verify_param_shape_across_processes(" in line
+         or "_sync_module_states(" in line or line.strip().startswith("src=0")]
+print("in DistributedDataParallel.__init__:", *where, sep="\n    ")
+report(before_wrap=before.as_dict(), after_wrap=after.as_dict(), equals_rank0_start=equals_rank0,
+       same_tensor_objects=same_tensors, ddp_init_lines=where)
+
+# 3. DDP compares parameter shapes across ranks first. Here rank 1's hidden layer is one unit wider.
+mismatched = TinyNet(hidden=16 + rank)
+print(f"wrapping a model with fc1.weight of shape {list(mismatched.fc1.weight.shape)} ...")
+DDP(mismatched)  # ranks > 0 raise; rank 0 (the reference) moves on to the broadcast and is stopped
+dist.destroy_process_group()

@@ -1,0 +1,47 @@
+"""Lab 02's check against realistic wrong versions of the solution (each names its mistake).
+
+Each mutant combines mistakes that different checks catch, so two launches cover the four mistakes the
+issue lists (parameters only, broadcast_object_list, a fixed source rank, unsharded data) and one more
+(a sampler seeded per rank)."""
+from ddpcourse.checks import check_lab
+from helpers import detail, mutant
+
+LAB = "02_initialization_and_broadcast.py"
+LOOP = ("        for tensor in list(module.parameters()) + list(module.buffers()):\n"
+        "            dist.broadcast(tensor, src=src)")
+SAMPLER = "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)"
+
+
+def test_lab02_parameters_only_fixed_source_rank_and_unsharded_data(tmp_path):
+    path = mutant(tmp_path, LAB,
+                  (LOOP, LOOP.replace("list(module.parameters()) + list(module.buffers())", "module.parameters()")),
+                  ("dist.broadcast(tensor, src=src)", "dist.broadcast(tensor, src=0)"),
+                  (SAMPLER, "sampler = None"))
+    report = check_lab(path, nproc=2, quiet=True)
+    values = detail(report, "src's parameters")
+    assert not values.passed and "every rank holds rank 0's parameters, not rank 1's" in values.detail
+    assert "pass src to dist.broadcast" in values.detail and "src=0:" not in values.detail  # src=0 was right
+    buffers = detail(report, "src's buffers")
+    assert not buffers.passed and "only the parameters were broadcast" in buffers.detail
+    assert "module.buffers()" in buffers.detail and "norm.running_mean" in buffers.detail
+    data = detail(report, "own shard")
+    assert not data.passed and "every rank read the same 96 samples" in data.detail
+    assert "DistributedSampler" in data.detail
+    assert detail(report, "tensor objects").passed  # in place, even if incomplete
+    assert detail(report, "after DDP training").passed  # DDP keeps them in sync: only the data is wrong
+
+
+def test_lab02_broadcast_object_list_and_sampler_seeded_per_rank(tmp_path):
+    path = mutant(tmp_path, LAB,
+                  (LOOP, "        tensors = [t.data for t in list(module.parameters()) + list(module.buffers())]\n"
+                         "        dist.broadcast_object_list(tensors, src=src)"),
+                  (SAMPLER, SAMPLER.replace("seed=SEED", "seed=SEED + rank")))
+    report = check_lab(path, nproc=2, quiet=True)
+    values = detail(report, "src's parameters")
+    assert not values.passed and "still hold their own initial parameters" in values.detail
+    assert "broadcast_object_list" in values.detail and "NEW tensors" in values.detail
+    before = detail(report, "before DDP")
+    assert not before.passed
+    data = detail(report, "own shard")
+    assert not data.passed and "shards overlap" in data.detail and "same seed" in data.detail
+    assert detail(report, "after DDP training").passed  # DDP's constructor broadcast hid the bad start
