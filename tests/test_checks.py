@@ -62,3 +62,20 @@ def test_lab00_sum_as_mean_is_invisible_on_one_rank_so_the_check_uses_more(tmp_p
     report = check_lab(path, quiet=True)  # the lab's own world sizes: 1, 2, 3
     assert [c.passed for c in report.results if c.name.startswith("nproc=1")] == [True] * 4
     assert not report.passed and "not run with nproc=3" in report.skipped
+
+
+def test_check_cache_keeps_only_passing_verdicts_of_identical_inputs(tmp_path, monkeypatch):
+    from ddpcourse.checks import CACHE_ENV, Check, _cached, _remember
+    from ddpcourse.checks import lab00 as module
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    lab = tmp_path / "00_first_collectives.py"
+    lab.write_text("print('v1')\n")
+    _remember(lab, module, 2, [Check("a", True), Check("b", False, "why")])
+    assert _cached(lab, module, 2) is None  # a failure is never reused
+    _remember(lab, module, 2, [Check("a", True)])
+    assert [c.name for c in _cached(lab, module, 2)] == ["a"]
+    assert _cached(lab, module, 3) is None  # another world size
+    lab.write_text("print('v2')\n")
+    assert _cached(lab, module, 2) is None  # another lab text
