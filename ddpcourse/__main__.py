@@ -1,4 +1,4 @@
-"""Command line: python -m ddpcourse {run,check,make-labs,doctor} ... (see README.md)."""
+"""Command line: python -m ddpcourse {run,check,status,reset,make-labs,doctor} ... (see README.md)."""
 import argparse
 import sys
 
@@ -28,6 +28,17 @@ def main(argv=None):
     check.add_argument("--nproc", type=int, default=None, help="one world size instead of the lab's list")
     check.add_argument("--timeout", type=float, default=60.0, help="seconds each run may take before it is stopped")
 
+    status = sub.add_parser("status", help="one table of every lab: not started / TODOs open / check fails / passes",
+                            description="Labs whose TODOs are all done are checked once, on 2 ranks; "
+                                        "`check` is the full verdict.")
+    status.add_argument("--labs", default=None, help="the labs folder to look at (default: the course's labs/)")
+    status.add_argument("--timeout", type=float, default=60.0, help="seconds each check run may take (default: 60)")
+
+    reset = sub.add_parser("reset", help="restore labs/NN_*.py to its generated state, saving your version beside it",
+                           description="Your version is kept as labs/NN_name.saved-YYYYmmdd-HHMMSS.py.")
+    reset.add_argument("lab", help="the lab's number, e.g. 03")
+    reset.add_argument("--labs", default=None, help="the labs folder (default: the course's labs/)")
+
     make = sub.add_parser("make-labs", help="generate labs/ from solutions/ (course authors)")
     make.add_argument("--check", action="store_true", help="change nothing; exit 1 if labs/ is stale")
 
@@ -51,6 +62,16 @@ def main(argv=None):
     if options.command == "check":
         from ddpcourse.checks import check_lab
         return 0 if check_lab(options.file, nproc=options.nproc, timeout=options.timeout).passed else 1
+    if options.command == "status":
+        from ddpcourse.progress import status as show_status
+        try:
+            show_status(options.labs, timeout=options.timeout)
+        except KeyboardInterrupt:
+            return 130
+        return 0
+    if options.command == "reset":
+        from ddpcourse.progress import main_reset
+        return main_reset(options.lab, options.labs)
     if options.command == "make-labs":
         from ddpcourse.makelabs import make_labs
         stale = make_labs(check=options.check)

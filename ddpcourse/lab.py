@@ -20,7 +20,7 @@ def init_distributed(backend=None):
     """Join (or create) the default process group. Returns ``(rank, world_size, device)``.
 
     backend: "gloo" or "nccl"; default: $DDPCOURSE_BACKEND, else nccl when this machine has a CUDA GPU
-    for every local rank, else gloo (CPU).
+    for every local rank, else gloo (CPU). "nccl" means nccl for CUDA tensors and gloo for CPU tensors.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -32,6 +32,8 @@ def init_distributed(backend=None):
     if backend == "nccl":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)  # before any collective: one GPU per rank
+        # CUDA tensors go through nccl; CPU tensors (some labs keep their tiny model on the CPU) through gloo
+        backend = "cpu:gloo,cuda:nccl"
     if not dist.is_initialized():
         if "RANK" in os.environ:  # started by torchrun: it set RANK, WORLD_SIZE, MASTER_ADDR/PORT
             dist.init_process_group(backend)

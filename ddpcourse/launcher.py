@@ -308,6 +308,9 @@ def _root_cause(events, nproc, agent_output, display_file):
         hint = f": {todo['hint']}" if todo["hint"] else ""
         where = f" (line {row['lab_line']})" if "lab_line" in row else ""
         return RankFailure(rank, f"TODO {todo['number']} in {display_file} is not done yet{where}{hint}")
+    twins = sorted(r for r, e in exceptions if e["message"] == row["message"] and e["type"] == row["type"])
+    if twins and twins[0] != rank:  # the same error on several ranks: name the lowest, whatever came first
+        rank, row = twins[0], dict(exceptions)[twins[0]]
     same = sorted(r for r, e in exceptions if e["message"] == row["message"] and r != rank)
     also = f" (ranks {same} raised the same error)" if same else ""
     others = [(r, e) for r, e in exceptions if r != rank and r not in same]

@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from ddpcourse.paths import COURSE_ROOT
+from ddpcourse.paths import COURSE_ROOT, lab_files
 
 BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
 BANNER = """\
@@ -69,7 +69,7 @@ def make_lab(source, name):
 
 def expected_labs(solutions_dir):
     return {path.name: make_lab(path.read_text(encoding="utf-8"), path.name)
-            for path in sorted(Path(solutions_dir).glob("[0-9][0-9]_*.py"))}
+            for path in lab_files(solutions_dir)}
 
 
 def make_labs(solutions_dir=None, labs_dir=None, check=False, out=sys.stdout):
@@ -86,7 +86,7 @@ def make_labs(solutions_dir=None, labs_dir=None, check=False, out=sys.stdout):
             labs_dir.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
     expected = set(expected_labs(solutions_dir))
-    orphans = sorted(p.name for p in labs_dir.glob("[0-9][0-9]_*.py") if p.name not in expected)
+    orphans = sorted(p.name for p in lab_files(labs_dir) if p.name not in expected)
     for name in stale:
         print(f"{'stale' if check else 'wrote'}: labs/{name}", file=out)
     for name in orphans:

@@ -13,6 +13,11 @@ LAB_SOURCE_ENV = "DDPCOURSE_LAB_SOURCE"
 LAB_NAME = re.compile(r"^(\d\d)_\w+\.py$")
 
 
+def lab_files(folder):
+    """The lab files in `folder` (NN_name.py), sorted; a learner's saved copies (NN_name.saved-...py) are not labs."""
+    return sorted(path for path in Path(folder).glob("[0-9][0-9]_*.py") if LAB_NAME.match(path.name))
+
+
 def lab_folder():
     source = os.environ.get(LAB_SOURCE_ENV, "labs")
     if source not in ("labs", "solutions"):
@@ -29,7 +34,7 @@ def resolve_lab(lab):
     if not number.isdigit():
         raise FileNotFoundError(f"no such file: {lab}")
     folder = lab_folder()
-    matches = sorted(folder.glob(f"{number}_*.py"))
+    matches = [path for path in lab_files(folder) if path.name.startswith(f"{number}_")]
     if not matches:
         raise FileNotFoundError(f"no lab {number} in {display_path(folder)}/")
     return matches[0]

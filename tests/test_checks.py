@@ -4,10 +4,10 @@ import pytest
 
 from ddpcourse.checks import check_lab
 from ddpcourse.makelabs import make_lab
-from ddpcourse.paths import COURSE_ROOT
+from ddpcourse.paths import COURSE_ROOT, lab_files
 from helpers import detail, mutant
 
-SOLUTIONS = sorted((COURSE_ROOT / "solutions").glob("[0-9][0-9]_*.py"))
+SOLUTIONS = lab_files(COURSE_ROOT / "solutions")
 
 
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)

@@ -2,7 +2,7 @@
 import re
 
 from ddpcourse.checkup import check_environment, format_report, pins
-from ddpcourse.paths import COURSE_ROOT
+from ddpcourse.paths import COURSE_ROOT, lab_files
 
 README = (COURSE_ROOT / "README.md").read_text()
 
@@ -34,7 +34,7 @@ def test_readme_course_map_lists_every_notebook_and_its_lab():
     for notebook in sorted((COURSE_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         assert f"notebooks/{notebook.name}" in README
         number = notebook.name[:2]
-        lab = next((COURSE_ROOT / "labs").glob(f"{number}_*.py"))
+        lab = next(p for p in lab_files(COURSE_ROOT / "labs") if p.name.startswith(f"{number}_"))
         assert f"labs/{lab.name}" in README
 
 

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from ddpcourse.makelabs import MarkerError, make_lab, make_labs
-from ddpcourse.paths import COURSE_ROOT
+from ddpcourse.paths import COURSE_ROOT, lab_files
 
 SOLUTION = textwrap.dedent('''\
     import torch
@@ -59,8 +59,8 @@ def test_committed_labs_match_their_solutions():
     check = subprocess.run([sys.executable, "-m", "ddpcourse", "make-labs", "--check"],
                            capture_output=True, text=True, cwd=COURSE_ROOT)
     assert check.returncode == 0, check.stdout + check.stderr
-    solutions = sorted(p.name for p in (COURSE_ROOT / "solutions").glob("[0-9][0-9]_*.py"))
-    labs = sorted(p.name for p in (COURSE_ROOT / "labs").glob("[0-9][0-9]_*.py"))
+    solutions = [p.name for p in lab_files(COURSE_ROOT / "solutions")]
+    labs = [p.name for p in lab_files(COURSE_ROOT / "labs")]
     assert solutions and solutions == labs
 
 
@@ -74,3 +74,6 @@ def test_check_detects_a_solution_edited_without_regenerating(tmp_path):
     assert make_labs(solutions, labs, check=True) == ["05_x.py"]
     (labs / "06_orphan.py").write_text("# no solution for this one\n")
     assert "06_orphan.py" in make_labs(solutions, labs, check=True)
+    (labs / "06_orphan.py").unlink()
+    (labs / "05_x.saved-20261121-101500.py").write_text("# a learner's saved copy: not a lab\n")
+    assert make_labs(solutions, labs, check=True) == ["05_x.py"]

@@ -1,0 +1,254 @@
+"""Learner progress: ``python -m ddpcourse status`` (one table of every lab) and
+``python -m ddpcourse reset NN`` (a lab back to its generated state, the learner's version kept).
+
+Introduced in notebooks/00_start_here.ipynb (end of section 5) and in README.md ("Workshops and
+self-study"). In a notebook: ``from ddpcourse.progress import status; status()``.
+
+``status`` looks at the learner's ``labs/`` and, for each lab, says one of
+
+- ``not started``: the file is still exactly what ``make-labs`` generated (nothing is launched);
+- ``TODOs open``: some ``raise NotImplementedError("TODO k ...")`` lines are still there (found by
+  reading the file, nothing is launched), with their numbers;
+- ``does not compile``: a syntax error (its line), plus the TODOs still open;
+- ``check fails`` / ``passes``: every TODO is done, so the lab's check runs, once, on 2 ranks
+  (a launch costs seconds; ``python -m ddpcourse check FILE`` is the full verdict, on every world size);
+- ``missing``: there is no such file (``reset`` brings it back).
+
+``reset`` saves the learner's file as ``labs/NN_name.saved-YYYYmmdd-HHMMSS.py`` (git ignores these)
+before it writes the generated text, so nothing the learner wrote is lost.
+"""
+import re
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from ddpcourse.paths import COURSE_ROOT, display_path, lab_files
+
+STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
+STATUS_TIMEOUT = 60.0
+NOT_STARTED, TODOS_OPEN, NO_COMPILE, CHECK_FAILS, PASSES, MISSING = (
+    "not started", "TODOs open", "does not compile", "check fails", "passes", "missing")
+# The line make-labs writes for TODO k (repr() quotes with ' unless the hint holds a ').
+OPEN_TODO = re.compile(r"""^\s*raise\s+NotImplementedError\(\s*(['"])TODO (\d+)\b:?\s*(.*?)\1\s*\)""")
+
+
+class UnknownLab(ValueError):
+    """``reset`` was given something that is not one of the course's labs."""
+
+
+@dataclass
+class LabStatus:
+    number: str
+    name: str          # file name, e.g. 00_first_collectives.py
+    path: Path
+    state: str
+    detail: str = ""
+    todos: list = field(default_factory=list)   # numbers of the TODOs still open
+    failed_checks: list = field(default_factory=list)
+    launched: bool = False
+
+
+@dataclass
+class StatusReport:
+    labs_dir: Path
+    rows: list = field(default_factory=list)
+    nproc: int = STATUS_NPROC
+
+    def row(self, number):
+        return next(row for row in self.rows if row.number == str(number))
+
+    @property
+    def passed(self):
+        return [row.number for row in self.rows if row.state == PASSES]
+
+    @property
+    def launches(self):
+        return sum(row.launched for row in self.rows)
+
+    def __repr__(self):
+        return f"StatusReport({len(self.passed)} of {len(self.rows)} labs pass)"
+
+
+def solution_files(solutions_dir=None):
+    """{"00": Path("solutions/00_first_collectives.py"), ...}: the course's labs, by number."""
+    folder = Path(solutions_dir or COURSE_ROOT / "solutions")
+    return {path.name[:2]: path for path in lab_files(folder)}
+
+
+def generated_text(solution):
+    from ddpcourse.makelabs import make_lab
+
+    return make_lab(Path(solution).read_text(encoding="utf-8"), Path(solution).name)
+
+
+def open_todos(text):
+    """[(k, hint), ...] for every ``raise NotImplementedError("TODO k: hint")`` line still in ``text``."""
+    found = []
+    for line in text.splitlines():
+        match = OPEN_TODO.match(line)
+        if match:
+            found.append((int(match.group(2)), match.group(3).strip()))
+    return found
+
+
+def _syntax_error(text, path):
+    try:
+        compile(text, str(path), "exec")
+    except SyntaxError as exc:
+        return f"line {exc.lineno}: {exc.msg}"
+    except ValueError as exc:  # e.g. a null byte
+        return str(exc)
+    return None
+
+
+def _normalized(text):
+    return text.replace("\r\n", "\n")  # an editor on Windows may have rewritten the line endings
+
+
+def _todo_list(todos):
+    return ", ".join(str(k) for k, _ in todos)
+
+
+def lab_status(path, solution, nproc=STATUS_NPROC, timeout=STATUS_TIMEOUT, say=print):
+    """The LabStatus of the learner file ``path`` whose source is ``solution``. Launches only when the
+    file compiles and has no open TODO."""
+    path, solution = Path(path), Path(solution)
+    row = LabStatus(solution.name[:2], solution.name, path, MISSING)
+    if not path.exists():
+        row.detail = f"no {display_path(path)}: `python -m ddpcourse reset {row.number}` brings it back"
+        return row
+    text = path.read_text(encoding="utf-8", errors="replace")
+    generated = generated_text(solution)
+    todos = open_todos(text)
+    row.todos = [k for k, _ in todos]
+    if _normalized(text) == _normalized(generated):
+        row.state, row.detail = NOT_STARTED, f"{len(todos)} TODOs: start with TODO {todos[0][0]}" if todos else ""
+        return row
+    syntax = _syntax_error(text, path)
+    if syntax:
+        row.state = NO_COMPILE
+        row.detail = syntax + (f"; TODOs still open: {_todo_list(todos)}" if todos else "")
+        return row
+    if todos:
+        first, hint = todos[0]
+        row.state = TODOS_OPEN
+        row.detail = f"open: TODO {_todo_list(todos)}; next: TODO {first}: {hint}"
+        return row
+    from ddpcourse.checks import check_lab
+
+    say(f"... checking {display_path(path)} on {nproc} ranks (at most {timeout:g} s per run)")
+    report = check_lab(path, nproc=nproc, timeout=timeout, quiet=True)
+    row.launched = True
+    if report.passed:
+        row.state, row.detail = PASSES, f"all {len(report.results)} checks pass on {nproc} ranks"
+        return row
+    row.state = CHECK_FAILS
+    prefix = f"nproc={nproc}: "
+    row.failed_checks = [c.name[len(prefix):] if c.name.startswith(prefix) else c.name for c in report.failures]
+    first = next((line.strip() for line in report.failures[0].detail.splitlines() if line.strip()), "")
+    if row.failed_checks[0].startswith("the lab runs to the end"):  # the launcher's one-line verdict says it all
+        row.detail = "the lab does not run to the end: " + first.removeprefix("FAILED: ")
+    else:
+        row.detail = "failed: " + "; ".join(row.failed_checks) + (f" ({first})" if first else "")
+    return row
+
+
+def collect_status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=STATUS_TIMEOUT, say=print):
+    labs_dir = Path(labs or COURSE_ROOT / "labs")
+    report = StatusReport(labs_dir, nproc=nproc)
+    for number, solution in solution_files(solutions).items():
+        report.rows.append(lab_status(labs_dir / solution.name, solution, nproc, timeout, say))
+    return report
+
+
+def format_status(report, width=160):
+    folder = display_path(report.labs_dir)
+    name_width = max([len(row.name) for row in report.rows] + [3])
+    state_width = max(len(state) for state in (NOT_STARTED, TODOS_OPEN, NO_COMPILE, CHECK_FAILS, PASSES, MISSING))
+    lines = [f"Labs in {folder}/ (labs whose TODOs are all done were checked on {report.nproc} ranks):",
+             f"{'lab':<{name_width}}  {'state':<{state_width}}  details"]
+    room = max(20, width - name_width - state_width - 4)
+    for row in report.rows:
+        detail = row.detail if len(row.detail) <= room else row.detail[:room - 3] + "..."
+        lines.append(f"{row.name:<{name_width}}  {row.state:<{state_width}}  {detail}".rstrip())
+    lines.append(f"{len(report.passed)} of {len(report.rows)} labs pass. The full verdict, on every world size: "
+                 f"python -m ddpcourse check {folder}/NN_name.py")
+    return "\n".join(lines)
+
+
+def status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=STATUS_TIMEOUT):
+    """Print the table of every lab in ``labs`` (default: the course's labs/); return the StatusReport."""
+    report = collect_status(labs, solutions, nproc, timeout, say=lambda text: print(text, flush=True))
+    print(format_status(report), flush=True)
+    return report
+
+
+# ----------------------------------------------------------------------------- reset
+@dataclass
+class ResetResult:
+    path: Path
+    saved: Path = None   # where the learner's version went (None: nothing to save)
+    changed: bool = True
+    message: str = ""
+
+
+def _which_lab(lab, solutions):
+    names = ", ".join(solutions) or "none"
+    text = str(lab).strip()
+    candidate = Path(text).name
+    match = re.match(r"^(\d{1,2})(?:_|\.py$|$)", candidate)
+    if not match:
+        raise UnknownLab(f"{lab!r} is not a lab number; the labs are {names} (e.g. `python -m ddpcourse reset 00`)")
+    number = match.group(1).zfill(2)
+    if number not in solutions:
+        raise UnknownLab(f"there is no lab {number}; the labs are {names}")
+    solution = solutions[number]
+    if "_" in candidate and candidate.removesuffix(".py") != solution.stem:
+        raise UnknownLab(f"lab {number} is {solution.stem}, not {candidate.removesuffix('.py')}; "
+                         f"the labs are {names}")
+    return solution
+
+
+def reset(lab, labs=None, solutions=None, now=None):
+    """Restore ``labs/NN_name.py`` to its generated state; the learner's version is first saved beside it
+    as ``NN_name.saved-YYYYmmdd-HHMMSS.py``. Raises UnknownLab for anything but a course lab."""
+    known = solution_files(solutions)
+    solution = _which_lab(lab, known)
+    labs_dir = Path(labs or COURSE_ROOT / "labs")
+    target = labs_dir / solution.name
+    text = generated_text(solution)
+    result = ResetResult(target)
+    shown = display_path(target)
+    if target.exists():
+        mine = target.read_text(encoding="utf-8", errors="replace")
+        if _normalized(mine) == _normalized(text):
+            result.changed = False
+            result.message = f"{shown} is already in its generated state: nothing saved, nothing changed."
+            return result
+        stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+        saved = labs_dir / f"{solution.stem}.saved-{stamp}.py"
+        extra = 2
+        while saved.exists():  # two resets in one second: never overwrite a saved version
+            saved = labs_dir / f"{solution.stem}.saved-{stamp}-{extra}.py"
+            extra += 1
+        saved.write_bytes(target.read_bytes())
+        result.saved = saved
+    labs_dir.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    todos = len(open_todos(text))
+    kept = f"your version is saved as {display_path(result.saved)}; " if result.saved else "there was no file to save; "
+    result.message = f"{kept}{shown} is back to its generated state ({todos} TODOs open)."
+    return result
+
+
+def main_reset(lab, labs=None, out=None, err=None):
+    """The CLI's ``reset``: 0 when done, 2 for an unknown lab (with the list of labs)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        result = reset(lab, labs)
+    except UnknownLab as exc:
+        print(f"reset: {exc}", file=err)
+        return 2
+    print(result.message, file=out)
+    return 0
