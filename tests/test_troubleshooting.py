@@ -124,7 +124,8 @@ FINISHES = """
     dist.all_reduce(total)
     print(f"rank {dist.get_rank()}: sum {total.item():g}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
           f"torch threads {torch.get_num_threads()}", flush=True)
-    # no dist.destroy_process_group(): what does torch 2.13 say about that with gloo?
+    # the fix for the intermittent abort at exit: leave the process group before the process ends
+    dist.destroy_process_group()
     """
 
 
@@ -164,12 +165,13 @@ def test_torchrun_sets_omp_num_threads_to_1_and_says_so(torchrun_runs):
     assert standalone.stdout.count("OMP_NUM_THREADS=1, torch threads 1") == 2
 
 
-def test_no_destroy_process_group_prints_nothing_with_gloo(torchrun_runs):
-    """torch 2.13's CPU build says nothing (ProcessGroupNCCL's warning exists in CUDA builds only), and the
-    run succeeds: the reason to call destroy_process_group() is nccl and a clean exit, not a message here."""
+def test_destroy_process_group_gives_a_clean_exit(torchrun_runs):
+    """Without destroy_process_group(), torch 2.13 on gloo aborts at exit now and then (about 1 run in 3
+    here: 'terminate called without an active exception', SIGABRT). Intermittent, so no test can show it
+    on demand; the course launcher explains it when it happens (test_launcher). With the call: clean."""
     _, standalone, _ = torchrun_runs
     assert standalone.returncode == 0
-    assert "destroy" not in (standalone.stdout + standalone.stderr).lower()
+    assert "terminate called" not in standalone.stderr
 
 
 def test_use_libuv_0_is_accepted(torchrun_runs):
