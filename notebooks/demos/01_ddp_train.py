@@ -7,13 +7,15 @@ One launch reports everything the notebook's DDP sections verify:
      the gradients of the first step, and what a communication hook saw (bytes, calls during backward);
   2. construction: replicas built with different seeds are identical once wrapped;
   3. pitfalls: reduction='sum', an unequal last batch (and its exact fix), DistributedSampler's padding;
-  4. timing: milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares).
+  4. the order of DDP's averaging without a hook: a float16 gradient that a sum would overflow;
+  5. timing: milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares).
 """
 import gc
 import time
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -54,7 +56,7 @@ def counting_hook(state, bucket):
     buffer = bucket.buffer()
     seen["bytes"].append(buffer.numel() * buffer.element_size())
     seen["in_backward"].append(in_backward)
-    return default_hooks.allreduce_hook(state, bucket)  # all_reduce(SUM), then divide by world size
+    return default_hooks.allreduce_hook(state, bucket)  # divide by world size first, then all_reduce(SUM)
 
 
 ddp_model.register_comm_hook(dist.group.WORLD, counting_hook)
@@ -79,6 +81,9 @@ print(f"  all-reduced per step: {sum(seen['bytes']) // STEPS} bytes = the gradie
 report(shards=shards, weights={n: p for n, p in model.named_parameters()}, first_grads=first_grads,
        replicas=replicas.as_dict(), hook_bytes=seen["bytes"], hook_in_backward=seen["in_backward"],
        parameter_bytes=parameter_bytes)
+# What changes for code that used the plain model: its attributes and state_dict names sit under .module.
+report(wrapper_keys=list(ddp_model.state_dict()), module_is_model=ddp_model.module is model,
+       fc1_through_wrapper=hasattr(ddp_model, "fc1"))
 
 # ----------------------------------------------------------------------------- 2. construction
 different = build_model(seed=100 + rank)  # a different start on every rank
@@ -86,7 +91,8 @@ before = compare_replicas(different)
 wrapped = DDP(different)                 # the constructor broadcasts rank 0's parameters and buffers
 after = compare_replicas(wrapped)
 print(f"built with seeds 100+rank: identical before DDP(): {before.identical}, after: {after.identical}")
-report(identical_before_wrap=before.identical, identical_after_wrap=after.identical)
+report(identical_before_wrap=before.identical, identical_after_wrap=after.identical,
+       replicas_before_wrap=before.as_dict(), counted=(before.parameters, before.buffers))
 
 # ----------------------------------------------------------------------------- 3. pitfalls
 def one_ddp_gradient(indices, loss_fn):
@@ -118,7 +124,15 @@ print(f"pitfalls: block {uneven} of a {uneven_total}-sample global batch; Distri
 report(sum_grads=sum_grads, uneven=uneven, uneven_grads=uneven_grads, fixed_grads=fixed_grads,
        sampler=sampler)
 
-# ----------------------------------------------------------------------------- 4. timing (CPU figures)
+# ----------------------------------------------------------------------------- 4. division before the sum
+# No hook registered: DDP's built-in reducer. Every rank's float16 gradient is 40000; their sum (80000)
+# does not fit in float16 (max 65504), their mean does. A finite mean shows the division came first.
+one_weight = nn.Linear(1, 1, bias=False).half()
+half_model = DDP(one_weight)
+half_model(torch.full((1, 1), 40000.0, dtype=torch.half)).sum().backward()  # d(w * x)/dw = x
+report(half_grad=float(one_weight.weight.grad))
+
+# ----------------------------------------------------------------------------- 5. timing (CPU figures)
 torch.manual_seed(SEED + rank)
 timing_model = DDP(build_model(SEED, in_features=TIMING_FEATURES, hidden=TIMING_HIDDEN))
 timing_optimizer = torch.optim.SGD(timing_model.parameters(), lr=0.01)
@@ -133,8 +147,8 @@ for step in range(TIMING_STEPS + 3):  # 3 warm-up steps
     timing_optimizer.step()
     durations.append(time.perf_counter() - start)
 step_ms = 1000 * sorted(durations[3:])[TIMING_STEPS // 2]  # the median
-report(step_ms=step_ms)
+report(step_ms=step_ms, threads=torch.get_num_threads())  # the launcher sets cores // nproc
 
-del ddp_model, wrapped, timing_model, timing_optimizer, optimizer
+del ddp_model, wrapped, half_model, timing_model, timing_optimizer, optimizer
 gc.collect()  # free every DDP wrapper (each holds the process group) before the group goes: a clean exit
 dist.destroy_process_group()
