@@ -92,13 +92,21 @@ model = pretrained_shape()  # every rank builds the architecture (random weights
 n_parameters = sum(p.numel() for p in model.parameters())
 
 
+loads = {}  # torch.load calls per way of loading, on this rank: each call reads the whole file
+
+
+def load_checkpoint(way):
+    loads[way] = loads.get(way, 0) + 1
+    return torch.load(checkpoint, weights_only=True)
+
+
 def load_on_every_rank():
-    model.load_state_dict(torch.load(checkpoint, weights_only=True))
+    model.load_state_dict(load_checkpoint("every rank loads"))
 
 
 def load_on_rank0_and_broadcast():
     if rank == 0:
-        model.load_state_dict(torch.load(checkpoint, weights_only=True))
+        model.load_state_dict(load_checkpoint("rank 0 loads, broadcast"))
     broadcast_parameters_and_buffers_(model, src=0)
 
 
@@ -119,8 +127,13 @@ for name, load in [("every rank loads", load_on_every_rank), ("rank 0 loads, bro
     timings[name] = worst.item()
     identical[name] = compare_replicas(model).identical
     print(f"{name:24s} {worst.item() * 1000:7.1f} ms  replicas identical: {identical[name]}")
+# Per way: how many ranks called torch.load once per timed run (counted above), and the bytes that makes.
+loads_on_every_rank = [None] * world_size
+dist.all_gather_object(loads_on_every_rank, loads)
+loading_ranks = {way: sum(calls.get(way, 0) // REPEATS for calls in loads_on_every_rank) for way in timings}
 report(n_parameters=n_parameters, file_bytes=file_bytes, timings=timings, identical_after_load=identical,
-       bytes_read_from_disk={"every rank loads": world_size * file_bytes, "rank 0 loads, broadcast": file_bytes},
+       loads_per_rank=loads_on_every_rank, loading_ranks=loading_ranks,
+       bytes_loaded={way: count * file_bytes for way, count in loading_ranks.items()},
        bytes_broadcast={"every rank loads": 0, "rank 0 loads, broadcast": n_parameters * 4 * (world_size - 1)})
 dist.barrier()
 if rank == 0:

@@ -124,11 +124,13 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     old_name = DDP(warmed(rank), broadcast_buffers=False)
 deprecation = str(caught[0].message).split(".")[0] if caught else None
+deprecation_category = caught[0].category.__name__ if caught else None
 new_name = DDP(warmed(rank), forward_sync_buffers=False)
 at_construction = {"broadcast_buffers=False": compare_replicas(old_name).identical,
                    "forward_sync_buffers=False": compare_replicas(new_name).identical}
 print(f"{deprecation}; buffers identical right after DDP(...): {at_construction}")
-report(deprecation=deprecation, buffers_synced_at_construction=at_construction)
+report(deprecation=deprecation, deprecation_category=deprecation_category,
+       buffers_synced_at_construction=at_construction)
 
 # BatchNorm statistics during training. Rank r's inputs are shifted by 2*r, so its statistics differ.
 probe = x_all[:4]
@@ -191,8 +193,17 @@ policy_shards = gather(list(DistributedSampler(dataset, num_replicas=world_size,
 wrong_shards = gather(list(DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=SEED + rank)))
 policy_weights = compare_replicas(model)
 print(f"seeding policy: {policy_weights}; masks {policy_masks}")
+# The price of per-rank streams: a layer built later (as notebook 03 adds one) draws from them and starts
+# different on every rank, unless the build is seeded alike again (or a new DDP(...) broadcasts it).
+layer_after_rank_seed = compare_replicas(nn.Linear(16, 16))
+seed_all(SEED + 1)  # a shared seed for this build only...
+layer_after_shared_seed = compare_replicas(nn.Linear(16, 16))
+seed_all(SEED + 1, rank)  # ...then back to this rank's stream for dropout
+print(f"a layer built after seed_all(SEED, rank): {layer_after_rank_seed}")
+print(f"a layer built after seed_all(SEED + 1): {layer_after_shared_seed}")
 report(policy_weights=policy_weights.as_dict(), policy_masks=policy_masks, policy_shards=policy_shards,
-       wrong_shards=wrong_shards)
+       wrong_shards=wrong_shards, layer_after_rank_seed=layer_after_rank_seed.as_dict(),
+       layer_after_shared_seed=layer_after_shared_seed.as_dict())
 del ddp, wrapped, old_name, new_name, model
 gc.collect()  # free every DDP object (they hold the process group) before the group itself goes
 dist.destroy_process_group()
