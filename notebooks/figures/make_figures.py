@@ -157,20 +157,20 @@ def ddp_registration():
 
 def ddp_start_02():
     """Notebook 02: what DistributedDataParallel synchronizes, and when."""
-    parts = [text(360, 22, "what DDP copies from rank 0, and when", 15, bold=True)]
+    parts = [text(370, 22, "what DDP copies from rank 0, and when", 15, bold=True)]
     steps = [("DDP(model)", "1. compare parameter shapes with rank 0's", "a mismatch: RuntimeError on ranks > 0"),
              ("DDP(model)", "2. broadcast rank 0's parameters and buffers", "in place: same tensor objects"),
              ("each forward", "3. broadcast rank 0's buffers (forward_sync_buffers)", "BatchNorm statistics: rank 0's win"),
-             ("each backward", "4. all_reduce the gradients (mean)", "parameters stay equal only if they were")]
+             ("each backward", "4. all_reduce the gradients (mean)", "same update: equal parameters stay equal")]
     for i, (when, what, note) in enumerate(steps):
         y = 40 + i * 46
         parts.append(box(10, y, 120, 34, when, fill="#eef3fb", size=12))
         parts.append(arrow(130, y + 17, 158, y + 17))
         parts.append(box(160, y, 330, 34, what, fill=COLORS[i] + "33", stroke=COLORS[i], size=12))
         parts.append(text(500, y + 22, note, 11, anchor="start"))
-    parts.append(text(360, 238, "never copied: edits after DDP(...), plain tensor attributes, optimizer state, "
+    parts.append(text(370, 238, "never copied: edits after DDP(...), plain tensor attributes, optimizer state, "
                                 "RNG streams, the data", 11))
-    return svg(720, 250, "".join(parts))
+    return svg(740, 250, "".join(parts))
 
 
 def two_nodes():
