@@ -112,8 +112,8 @@ def dp_vs_ddp():
         down, up = (y + 18, y + 38)
         parts.append(arrow(190, 120 if i == 0 else 156, 278, down))
         parts.append(arrow(280, up, 192, 132 if i == 0 else 168))
-    parts += [text(105, 62, "out: 1 weights (P), 2 inputs", 11), text(105, 78, "back: 3 outputs, 4 gradients (P)", 11),
-              text(215, 280, "master link: 2(N-1)P + inputs and outputs per step;", 12),
+    parts += [text(105, 62, "out: 1 inputs, 2 weights (P)", 11), text(105, 78, "back: 3 outputs, 4 gradients (P)", 11),
+              text(215, 280, "master link: at most 2(N-1)P + inputs and outputs per step;", 12),
               text(215, 298, "the other devices wait while the master works alone", 12)]
     centers = [(680, 70), (790, 200), (570, 200)]
     parts.append(text(680, 24, "DDP: 1 process per device, no master", 15, bold=True))
