@@ -64,8 +64,8 @@ def epoch_order(sampler, epoch):
 
 def save_checkpoint(path, model, optimizer, step, rank):
     """Write model, optimizer and step to `path`, from rank 0 alone; return once it is on disk."""
-    # TODO 3: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank
-    raise NotImplementedError('TODO 3: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank')
+    # TODO 3: if rank == 0: torch.save model, optimizer and step into a temporary file in the same folder, os.fsync that file, then os.replace it onto path; then dist.barrier() on every rank
+    raise NotImplementedError('TODO 3: if rank == 0: torch.save model, optimizer and step into a temporary file in the same folder, os.fsync that file, then os.replace it onto path; then dist.barrier() on every rank')
 
 
 def main():

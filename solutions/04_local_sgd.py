@@ -98,13 +98,14 @@ def main():
     layout = [(kind, name, t.numel()) for kind, named in (("parameter", model.named_parameters()),
                                                            ("buffer", model.named_buffers()))
               for name, t in named]
-    before, after, twin_after, averaged_at = [], [], [], []
+    before, after, twin_after, averaged_at, returned = [], [], [], [], []
     data = batches(rank, world_size)
     for step in range(1, STEPS + 1):
         x, y = (t.to(device) for t in next(data))
         train_step(model, optimizer, x, y)
         before.append(snapshot(model))
-        if maybe_average(model, step, AVERAGE_EVERY, world_size):
+        returned.append(maybe_average(model, step, AVERAGE_EVERY, world_size))
+        if returned[-1]:
             averaged_at.append(step)
         after.append(snapshot(model))
 
@@ -120,7 +121,7 @@ def main():
 
     print(f"averaged after steps {averaged_at}")
     report(layout=layout, before=before, after=after, twin_after=twin_after, averaged_at=averaged_at,
-           config={"steps": STEPS, "every": AVERAGE_EVERY})
+           returned=returned, config={"steps": STEPS, "every": AVERAGE_EVERY})
     dist.destroy_process_group()
 
 

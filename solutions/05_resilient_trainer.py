@@ -70,11 +70,13 @@ def epoch_order(sampler, epoch):
 def save_checkpoint(path, model, optimizer, step, rank):
     """Write model, optimizer and step to `path`, from rank 0 alone; return once it is on disk."""
     ### BEGIN SOLUTION
-    ### HINT: if rank == 0: torch.save({"model": model.module.state_dict(), "optimizer": ..., "step": step}, a temporary file) then os.replace it onto path; then dist.barrier() on every rank
+    ### HINT: if rank == 0: torch.save model, optimizer and step into a temporary file in the same folder, os.fsync that file, then os.replace it onto path; then dist.barrier() on every rank
     if rank == 0:  # the replicas are identical: one writer is enough, and N writers would race on one file
         state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
         temporary = f"{path}.tmp"
-        torch.save(state, temporary)
+        with open(temporary, "wb") as file:
+            torch.save(state, file)  # torch.save flushes the file object when it is done
+            os.fsync(file.fileno())  # the bytes are on the disk before a name points at them
         os.replace(temporary, path)  # atomic: a crash leaves the old checkpoint or the new one, never half
     dist.barrier()  # nobody trains on (or dies) before the checkpoint exists
     ### END SOLUTION

@@ -1,6 +1,6 @@
 """Lab 04 (local SGD): realistic wrong versions fail with the message that names the mistake.
 
-Each mutant combines mistakes that different checks catch, so two launches cover four mistakes.
+Each mutant combines mistakes that different checks catch, so two launches cover five mistakes.
 """
 from ddpcourse.checks import check_lab
 from helpers import detail, mutant
@@ -24,9 +24,10 @@ def test_lab04_sum_without_division_and_averaging_every_step(tmp_path):
     assert not detail(report, "PeriodicModelAverager").passed
 
 
-def test_lab04_some_parameters_only_and_buffers_forgotten(tmp_path):
+def test_lab04_some_parameters_only_buffers_forgotten_and_no_return_false(tmp_path):
     path = mutant(tmp_path, LAB,
-                  ("list(model.parameters()) + list(model.buffers())", "list(model.parameters())[:2]"))
+                  ("list(model.parameters()) + list(model.buffers())", "list(model.parameters())[:2]"),
+                  ("    return False\n    ### END SOLUTION", "    ### END SOLUTION"))
     report = check_lab(path, nproc=2, quiet=True)
     params = detail(report, "every parameter is averaged")
     assert not params.passed and "not only some of them" in params.detail
@@ -34,4 +35,6 @@ def test_lab04_some_parameters_only_and_buffers_forgotten(tmp_path):
     buffers = detail(report, "every buffer is averaged")
     assert not buffers.passed and "average model.buffers() too" in buffers.detail
     assert "norm.running_mean" in buffers.detail and "SUM" not in buffers.detail
-    assert detail(report, "replicas differ between averagings").passed  # the schedule is right
+    schedule = detail(report, "replicas differ between averagings")
+    assert not schedule.passed and "maybe_average returned None after some steps" in schedule.detail
+    assert "you average" not in schedule.detail  # the schedule itself is right: only the return value is not

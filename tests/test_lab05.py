@@ -5,11 +5,20 @@ from helpers import detail, mutant
 LAB = "05_resilient_trainer.py"
 
 
-def test_missing_set_epoch_and_resume_from_step_0(tmp_path):
+SAVE = """        with open(temporary, "wb") as file:
+            torch.save(state, file)"""
+
+
+def test_missing_set_epoch_resume_from_step_0_and_checkpoint_written_in_place(tmp_path):
     path = mutant(tmp_path, LAB,
                   ("    sampler.set_epoch(epoch)  #", "    pass  #"),
-                  ("    if not os.path.exists(path):\n        return 0", "    if True:\n        return 0"))
+                  ("    if not os.path.exists(path):\n        return 0", "    if True:\n        return 0"),
+                  (SAVE, SAVE.replace("open(temporary,", "open(path,")),
+                  ("        os.replace(temporary, path)", "        pass"))
     report = check_lab(path, nproc=2, quiet=True)
+    atomic = detail(report, "writes atomically")
+    assert not atomic.passed and "torch.save wrote checkpoint.pt itself" in atomic.detail
+    assert "os.replace(temporary, path)" in atomic.detail
     order = detail(report, "new order")
     assert not order.passed and "call sampler.set_epoch(epoch)" in order.detail
     resume = detail(report, "resumed from the last checkpoint")
@@ -17,6 +26,24 @@ def test_missing_set_epoch_and_resume_from_step_0(tmp_path):
     # retraining from scratch is deterministic, so the weights still match: only the resume check can tell
     assert detail(report, "final weights").passed
     assert detail(report, "every sample is seen once").passed
+
+
+def test_no_fsync_no_barrier_and_model_loaded_on_rank_0_only(tmp_path):
+    path = mutant(tmp_path, LAB,
+                  ("            os.fsync(file.fileno())", "            pass"),
+                  ("    dist.barrier()  #", "    pass  #"),
+                  ('    model.module.load_state_dict(state["model"])',
+                   '    if dist.get_rank() == 0:\n        model.module.load_state_dict(state["model"])'))
+    report = check_lab(path, nproc=2, quiet=True)
+    atomic = detail(report, "writes atomically")
+    assert not atomic.passed and "renamed onto checkpoint.pt without os.fsync" in atomic.detail
+    waits = detail(report, "only once the checkpoint is written")
+    assert not waits.passed and "rank 1 returned from save_checkpoint call 1" in waits.detail
+    assert "dist.barrier()" in waits.detail
+    resumed = detail(report, "identical at the end of the resumed run")
+    assert not resumed.passed and "ranks [1]" in resumed.detail and "every rank must load" in resumed.detail
+    assert detail(report, "only rank 0 writes").passed
+    assert detail(report, "resumed from the last checkpoint").passed
 
 
 def test_every_rank_writing_the_checkpoint(tmp_path):

@@ -123,6 +123,11 @@ def checks(run):
                         f"{EXPECTED_STEPS} (step % every == 0, steps counted from 1)")
     if not early and not skipped and reported != EXPECTED_STEPS:
         problems.append(f"maybe_average returned True after steps {reported}, expected {EXPECTED_STEPS}")
+    returned = run.values("returned")[0]
+    odd = sorted({repr(r) for r in returned if r is not True and r is not False})
+    if odd:
+        problems.append(f"maybe_average returned {', '.join(odd)} after some steps: it must return True when it "
+                        "averaged and False when it did not (a missing return gives None)")
     found.append(Check("replicas differ between averagings (no averaging after other steps)", not problems,
                        "\n      ".join(problems)))
 

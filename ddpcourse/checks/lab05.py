@@ -1,9 +1,16 @@
 """Checks for lab 05 (a trainer that survives a crash): each world size runs the lab twice, once
-undisturbed and once with its last rank killed mid-training under torchrun --max-restarts 1."""
+undisturbed and once with its last rank killed mid-training under torchrun --max-restarts 1.
+
+Both runs watch the checkpoint folder (ddpcourse._worker): which ranks wrote into it, how (torch.save,
+os.fsync, os.replace) and what each rank found in it when save_checkpoint returned. The worker slows the
+first write down, so a rank that does not wait for it is seen returning before the file exists.
+"""
 import os
 
-from ddpcourse._worker import WATCH_WRITES_ENV
+from ddpcourse._worker import WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV
 from ddpcourse.checks import Check
+
+CHECKPOINT = "checkpoint.pt"  # the lab's file name in its --checkpoint-dir (set in main, outside the TODOs)
 
 NPROCS = (1, 2, 3)
 FAIL_AT_STEP = 7  # mid-epoch for 1 and 3 ranks, at an epoch boundary for 2: resuming must handle both
@@ -14,7 +21,8 @@ def runs(workdir):
     for name in ("uninterrupted", "crashed"):
         folder = os.path.join(workdir, name)
         os.makedirs(folder)
-        specs[name] = {"args": ["--checkpoint-dir", folder], "env": {WATCH_WRITES_ENV: folder}}
+        specs[name] = {"args": ["--checkpoint-dir", folder],
+                       "env": {WATCH_WRITES_ENV: folder, WATCH_RETURNS_ENV: "save_checkpoint"}}
     specs["crashed"]["env"]["DDPCOURSE_FAIL_AT_STEP"] = str(FAIL_AT_STEP)
     specs["crashed"]["torchrun_args"] = ["--max-restarts", "1"]
     return specs
@@ -73,8 +81,14 @@ def checks(runs):
                   f"{rank}); a resume must restore everything that shapes the next steps: weights, optimizer "
                   "state (momentum), the step and the data order")
     found.append(Check("final weights equal the uninterrupted run's exactly", not differing, detail))
-    found.append(Check("replicas are identical at the end", all(w == final_plain[0] for w in final_plain),
-                       "" if all(w == final_plain[0] for w in final_plain) else "ranks disagree at the end"))
+    # After a resume, not in the undisturbed run: there DDP keeps the replicas equal by construction, but
+    # what a restarted rank loads (or fails to load) happens after DDP's constructor broadcast.
+    apart = [r for r in range(world) if final_crashed[r] != final_crashed[0]]
+    found.append(Check("replicas are identical at the end of the resumed run", not apart,
+                       f"after the restart, ranks {apart} end with other weights than rank 0 (first: "
+                       f"{_first_difference(final_crashed[0], final_crashed[apart[0]])}): every rank must load the "
+                       "checkpoint (the load happens after DDP's constructor broadcast, which cannot fix it)"
+                       if apart else ""))
 
     samples = plain.values("samples")[0]
     orders = plain.values("orders")  # rank -> epoch -> indices
@@ -95,4 +109,48 @@ def checks(runs):
 
     problem = _writers_problem([plain, crashed])
     found.append(Check("only rank 0 writes the checkpoint", not problem, problem))
+    problem = _atomic_problem(plain.reports.get(0, {}).get(WATCH_LOG_KEY, []))
+    found.append(Check("rank 0 writes atomically: a temporary file, os.fsync, then os.replace", not problem, problem))
+    problem = _barrier_problem(plain)
+    found.append(Check("every rank returns from save_checkpoint only once the checkpoint is written",
+                       not problem, problem))
     return found
+
+
+def _atomic_problem(log):
+    """What is wrong with how rank 0 wrote the checkpoint ("" if nothing), from the watched folder's log."""
+    if any(e["op"] == "save" and e["path"] == CHECKPOINT for e in log):
+        return (f"torch.save wrote {CHECKPOINT} itself: a crash during the write leaves half a checkpoint under "
+                "the name the restart loads. Save into a temporary file in the same folder, then "
+                "os.replace(temporary, path): the name then points at the old file or the new one, never half")
+    replaced = [e for e in log if e["op"] == "replace" and e["dst"] == CHECKPOINT]
+    if not replaced:
+        return f"no file was renamed onto {CHECKPOINT}: write a temporary file, then os.replace(temporary, path)"
+    for i, entry in enumerate(log):
+        if entry["op"] != "replace" or entry["dst"] != CHECKPOINT:
+            continue
+        previous = max((j for j in range(i) if log[j]["op"] == "replace"), default=-1)
+        since = [e for e in log[previous + 1:i] if e["op"] == "fsync" and e["path"] == entry["src"]]
+        if not since:
+            return (f"{entry['src']} was renamed onto {CHECKPOINT} without os.fsync: the rename can reach the disk "
+                    "before the data, and after a power cut the checkpoint's name points at missing bytes. Call "
+                    "os.fsync(file.fileno()) on the temporary file after torch.save, before os.replace")
+        if entry["size"] is not None and since[-1]["size"] != entry["size"]:
+            return (f"os.fsync ran when {entry['src']} held {since[-1]['size']} of its {entry['size']} bytes: "
+                    "fsync once torch.save has written everything (after the save, before closing the file)")
+    return ""
+
+
+def _barrier_problem(run):
+    """A rank that returned from save_checkpoint before rank 0's checkpoint was in the folder ("" if none)."""
+    views = {rank: [e["files"] for e in values.get(WATCH_LOG_KEY, []) if e["op"] == "returned"]
+             for rank, values in run.reports.items()}
+    written = views.get(0, [])
+    for rank in sorted(views):
+        for call, (seen, wanted) in enumerate(zip(views[rank], written)):
+            if wanted.get(CHECKPOINT) is not None and seen.get(CHECKPOINT) != wanted[CHECKPOINT]:
+                state = "an older checkpoint" if seen.get(CHECKPOINT) else f"no {CHECKPOINT} at all"
+                return (f"rank {rank} returned from save_checkpoint call {call + 1} while the folder held {state}: "
+                        "it went on before rank 0 had written. Every rank (rank 0 too) must call dist.barrier() "
+                        "after rank 0's write, or a rank can train on, or crash, with no checkpoint of this step")
+    return ""
