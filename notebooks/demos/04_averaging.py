@@ -55,6 +55,11 @@ def average_parameters_by_hand(model):
             param /= world_size
 
 
+def rounding(diff):
+    """A float difference as printed: its last bits vary between machines, so small ones read '< 1e-5'."""
+    return "< 1e-5" if diff < 1e-5 else f"{diff:.2g}"
+
+
 def distance_between_replicas(model):
     """The L2 distance of this rank's parameters from rank 0's (every rank calls it: a collective)."""
     mine = flat_parameters(model)
@@ -132,20 +137,70 @@ report(drift_before=drift_before, drift_after=drift_after, vs_library=vs_library
        default_averaged_at=default_averaged_at, library_replicas=library_replicas.as_dict(),
        buffers_error=buffers_error)
 
-# Averaging every step (k = 1) with plain SGD is gradient averaging: the same weights as DDP.
-every_step = build_model(seed=1)
-ddp = nn.parallel.DistributedDataParallel(build_model(seed=1))
-opt_a = torch.optim.SGD(every_step.parameters(), lr=LEARNING_RATE)
-opt_b = torch.optim.SGD(ddp.parameters(), lr=LEARNING_RATE)
-for step in range(1, 6):
-    x, y = my_batch(step)
-    train_step(every_step, opt_a, x, y)
-    average_parameters_by_hand(every_step)
-    train_step(ddp, opt_b, x, y)
-k1_vs_ddp = float((flat_parameters(every_step) - flat_parameters(ddp.module)).abs().max())
-print(f"averaging weights every step vs DDP (gradient averaging), 5 steps: max |diff| {k1_vs_ddp:.2g}")
-report(k1_vs_ddp=k1_vs_ddp)
-del ddp
+# Averaging the weights after every step (k = 1) vs DDP (gradient averaging), for three optimizers.
+# SGD's update, momentum and weight decay included, is linear in the gradients: the mean of the ranks'
+# updates is the update of the mean gradient. Adam divides by the root of its second moment: not linear.
+OPTIMIZERS = {
+    "SGD": lambda params: torch.optim.SGD(params, lr=LEARNING_RATE),
+    "SGD momentum=0.9 weight_decay=0.01": lambda params: torch.optim.SGD(
+        params, lr=LEARNING_RATE, momentum=0.9, weight_decay=0.01),
+    "Adam": lambda params: torch.optim.Adam(params, lr=LEARNING_RATE),
+}
+k1_vs_ddp, momentum_spread, momentum_mean_vs_ddp = {}, None, None
+for label, make_optimizer in OPTIMIZERS.items():
+    every_step = build_model(seed=1)
+    ddp = nn.parallel.DistributedDataParallel(build_model(seed=1))
+    opt_a, opt_b = make_optimizer(every_step.parameters()), make_optimizer(ddp.parameters())
+    for step in range(1, 6):
+        x, y = my_batch(step)
+        train_step(every_step, opt_a, x, y)
+        average_parameters_by_hand(every_step)
+        train_step(ddp, opt_b, x, y)
+    k1_vs_ddp[label] = float((flat_parameters(every_step) - flat_parameters(ddp.module)).abs().max())
+    if "momentum" in label:  # each rank's momentum differs; their mean is DDP's momentum
+        mine = torch.cat([opt_a.state[p]["momentum_buffer"].reshape(-1) for p in every_step.parameters()])
+        ddps = torch.cat([opt_b.state[p]["momentum_buffer"].reshape(-1) for p in ddp.module.parameters()])
+        others = mine.clone()
+        dist.broadcast(others, src=0)
+        spread = torch.tensor([float((mine - others).abs().max())])
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+        momentum_spread = float(spread)
+        dist.all_reduce(mine)
+        momentum_mean_vs_ddp = float((mine / world_size - ddps).abs().max())
+    del ddp
+for label, diff in k1_vs_ddp.items():
+    print(f"averaging weights every step vs DDP, 5 steps of {label}: max |diff| {rounding(diff)}")
+print(f"momentum buffers: differ between ranks by up to {momentum_spread:.2g}; "
+      f"their mean vs DDP's: max |diff| {rounding(momentum_mean_vs_ddp)}")
+report(k1_vs_ddp=k1_vs_ddp, momentum_spread=momentum_spread, momentum_mean_vs_ddp=momentum_mean_vs_ddp)
+
+# Two premises of the source, run. "Only rank 0 runs the forward", then rank 0's weights are broadcast:
+replica = build_model(seed=0, batchnorm=True)  # identical replicas
+before = {name: t.clone() for name, t in list(replica.named_parameters()) + list(replica.named_buffers())}
+if rank == 0:
+    with torch.no_grad():
+        replica(my_batch(0)[0])  # train mode: BatchNorm statistics change on rank 0 only
+with torch.no_grad():
+    for tensor in list(replica.parameters()) + list(replica.buffers()):
+        dist.broadcast(tensor, src=0)  # the source's Example 1, one tensor at a time
+moved = sorted(name for name, t in list(replica.named_parameters()) + list(replica.named_buffers())
+               if not torch.equal(t, before[name]))
+print(f"only rank 0 ran a forward, then broadcast: tensors that changed on this rank: {moved}")
+
+# "Gradients computed by a separate process": a process receives values, never the autograd graph.
+out = build_model(seed=0)(my_batch(0)[0])  # requires grad on every rank
+received = out.detach().clone()  # a collective writes plain values into a tensor
+dist.broadcast(received, src=0)
+try:
+    F.mse_loss(received, my_batch(0)[1]).backward()
+    received_backward = ""
+except RuntimeError as error:
+    received_backward = f"RuntimeError: {error}"
+import torch.distributed.autograd  # noqa: E402  cross-process autograd exists, for the RPC framework
+import torch.distributed.rpc as rpc  # noqa: E402
+print(f"backward through rank 0's output received by broadcast -> {received_backward}")
+report(rank0_forward_moved=moved, received_backward=received_backward,
+       distributed_autograd=hasattr(torch.distributed.autograd, "backward") and rpc.is_available())
 
 # ---- 3. broadcasting rank 0's weights -----------------------------------------------------------------
 try:

@@ -1,5 +1,6 @@
-"""Demo for notebook 04: DDP all-reduces during backward; gradient accumulation with no_sync() (right,
-off by one, unscaled loss); a checksum all-reduce that names a diverging rank, and what it costs.
+"""Demo for notebook 04: when DDP all-reduces during backward (tiny and default buckets); gradient
+accumulation with no_sync() (right, off by one, unscaled loss, synced every time); a checksum all-reduce
+that names a diverging rank, and what it costs for three model sizes.
 
 python -m ddpcourse run notebooks/demos/04_no_sync_and_checksum.py --nproc 2
 """
@@ -22,6 +23,8 @@ TRAIN_STEPS = 16         # divergence experiment
 CHECK_EVERY = 4          # checksum every k steps
 BREAK_AT_STEP = 6        # rank 1 silently changes one weight after this step
 TIMING_REPEATS = 50
+STEP_REPEATS = 10
+CHECK_HIDDEN_SIZES = (16, 1600, 160000)  # TinyNet's width, then 100x and 10,000x the parameters
 # -----------------------------------------------------------------------------------------------------
 
 rank, world_size, device = init_distributed()
@@ -46,28 +49,44 @@ def grad_spread(model):
     return max(float((g - mine).abs().max()) for g in every)
 
 
-# ---- DDP starts all-reducing gradients during backward, bucket by bucket ---------------------------
-events = []
-ddp = DDP(build_model(seed=0), bucket_cap_mb=1e-6)  # tiny buckets: one per parameter, to see the order
-for name, param in ddp.module.named_parameters():
-    param.register_post_accumulate_grad_hook(lambda p, name=name: events.append(f"grad {name}"))
+# ---- when DDP all-reduces during backward: tiny buckets, then the default ----------------------------
+def logging_allreduce(events):
+    def hook(state, bucket):
+        """DDP's own work (average the bucket), plus a note of when it starts."""
+        events.append(f"all_reduce bucket {bucket.index()}")
+        future = dist.all_reduce(bucket.buffer().div_(world_size), async_op=True).get_future()
+        return future.then(lambda fut: fut.value()[0])
+    return hook
 
 
-def logging_allreduce(state, bucket):
-    """DDP's own work (average the bucket), plus a note of when it starts."""
-    events.append(f"all_reduce bucket {bucket.index()}")
-    future = dist.all_reduce(bucket.buffer().div_(world_size), async_op=True).get_future()
-    return future.then(lambda fut: fut.value()[0])
+def backward_events(**ddp_options):
+    """The order of 'gradient ready' and 'bucket all-reduce starts' in the second backward of a DDP model."""
+    events = []
+    ddp = DDP(build_model(seed=0), **ddp_options)
+    for name, param in ddp.module.named_parameters():
+        param.register_post_accumulate_grad_hook(lambda p, name=name: events.append(f"grad {name}"))
+    ddp.register_comm_hook(None, logging_allreduce(events))
+    x, y = micro_batch(0)
+    for _ in range(2):  # DDP settles its buckets in the first iteration; look at the second
+        events.clear()
+        loss = F.mse_loss(ddp(x), y)
+        forward_events = list(events)  # a forward starts no gradient all-reduce
+        loss.backward()
+    grads_identical_on_return = grad_spread(ddp.module) == 0.0  # backward waited for every all-reduce
+    del ddp
+    return events, forward_events == [] and grads_identical_on_return
 
 
-ddp.register_comm_hook(None, logging_allreduce)
-x, y = micro_batch(0)
-for _ in range(2):  # DDP settles its buckets in the first iteration; look at the second
-    events.clear()
-    F.mse_loss(ddp(x), y).backward()
-print("backward of a DDP model, in order:", ", ".join(events))
-report(backward_events=list(events))
-del ddp
+# bucket_cap_mb=1e-6 (about one byte): every parameter gets a bucket of its own, so the order shows
+tiny_events, tiny_identical = backward_events(bucket_cap_mb=1e-6)
+# as shipped: bucket_cap_mb=25, and a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB)
+default_events, default_identical = backward_events()
+print("backward, bucket_cap_mb=1e-6 (one bucket per parameter):", ", ".join(tiny_events))
+print("backward, default buckets:", ", ".join(default_events))
+report(backward_events=tiny_events, default_backward_events=default_events,
+       forward_quiet_backward_complete=[tiny_identical, default_identical],
+       first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES,
+       tiny_net_bytes=sum(p.numel() * p.element_size() for p in build_model(seed=0).parameters()))
 
 # ---- gradient accumulation with no_sync() ---------------------------------------------------------------
 # The reference: one model, one backward over the whole global batch (every rank's micro-batches).
@@ -80,13 +99,14 @@ F.mse_loss(reference(everything[0]), everything[1]).backward()
 reference_grad = flat_grad(reference)
 
 
-def accumulate(sync_last, scale_loss):
+def accumulate(sync_last, scale_loss, sync_every=False):
     """One optimizer step's worth of micro-batches; returns what was measured."""
     model = DDP(build_model(seed=0))
     spreads = []
     for i in range(ACCUMULATION_STEPS):
         last = i == ACCUMULATION_STEPS - 1
-        context = nullcontext() if (last and sync_last) else model.no_sync()  # sync only on the last one
+        synced = sync_every or (last and sync_last)  # the right loop syncs on the last one only
+        context = nullcontext() if synced else model.no_sync()
         x, y = micro_batch(i)
         with context:
             loss = F.mse_loss(model(x), y)
@@ -103,35 +123,47 @@ def accumulate(sync_last, scale_loss):
 
 variants = {"right": accumulate(sync_last=True, scale_loss=True),
             "all in no_sync": accumulate(sync_last=False, scale_loss=True),
-            "loss not scaled": accumulate(sync_last=True, scale_loss=False)}
+            "loss not scaled": accumulate(sync_last=True, scale_loss=False),
+            "sync every one": accumulate(sync_last=True, scale_loss=True, sync_every=True)}
+def rounding(diff):
+    """A float difference as printed: its last bits vary between machines, so small ones read '< 1e-5'."""
+    return "< 1e-5" if diff < 1e-5 else f"{diff:.2g}"
+
+
 for name, m in variants.items():
     print(f"{name:>15}: grad spread per micro-step {[round(s, 4) for s in m['spread_per_micro_step']]}, "
-          f"|grad - large batch| {m['vs_large_batch']:.2g}, norm ratio {m['ratio_to_large_batch']:.3f}, "
+          f"|grad - large batch| {rounding(m['vs_large_batch'])}, norm ratio {m['ratio_to_large_batch']:.3f}, "
           f"replicas identical after step: {m['replicas_identical_after_step']}")
 report(accumulation=variants)
 
 # ---- a checksum every k steps names a diverging rank ------------------------------------------------------
 
 
-def checksums(model):
-    """Every rank's float64 sum of its parameters, on every rank: one all_reduce of world_size numbers."""
+def local_checksum(model):
+    """This rank's float64 sum of its parameters: reads every parameter once (O(P) work, no message)."""
+    return sum(p.detach().double().sum() for p in model.parameters())
+
+
+def gather_checksums(value):
+    """Every rank's checksum, on every rank: one all_reduce of world_size numbers, whatever the model."""
     values = torch.zeros(world_size, dtype=torch.float64)
-    values[rank] = sum(p.detach().double().sum() for p in model.parameters())
+    values[rank] = value
     dist.all_reduce(values)  # each rank filled only its own slot: the sum gathers them all
     return values
+
+
+def checksums(model):
+    return gather_checksums(local_checksum(model))
 
 
 model = DDP(build_model(seed=0))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 detections = []
-step_times = []
 for step in range(1, TRAIN_STEPS + 1):
-    start = time.perf_counter()
     optimizer.zero_grad()
     x, y = micro_batch(0, step)
     F.mse_loss(model(x), y).backward()
     optimizer.step()
-    step_times.append(time.perf_counter() - start)
     if step == BREAK_AT_STEP and rank == 1:  # e.g. a non-deterministic kernel, a stale checkpoint reload
         with torch.no_grad():
             model.module.fc1.weight[0, 0] += 1e-4
@@ -143,14 +175,38 @@ for step in range(1, TRAIN_STEPS + 1):
             print(f"step {step}: checksum of rank(s) {diverged} differs from rank 0's "
                   f"(by {float((sums - sums[0]).abs().max()):.1e}): the replicas have diverged")
 still_differ = not compare_replicas(model).identical  # DDP kept averaging gradients; nothing repaired it
-check_times = []
-for _ in range(TIMING_REPEATS):
-    dist.barrier()
-    start = time.perf_counter()
-    checksums(model)
-    check_times.append(time.perf_counter() - start)
-median = lambda values: sorted(values)[len(values) // 2]
-report(detections=detections, still_differ=still_differ, check_ms=median(check_times) * 1e3,
-       step_ms=median(step_times) * 1e3, parameters=sum(p.numel() for p in model.parameters()))
+def median_ms(fn, repeats=TIMING_REPEATS):
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3  # the median: robust to a spike
+
+
+# What a check costs, split in its two parts, next to a DDP step of the same model, for TinyNet and for
+# models 100x and 10,000x larger.
+check_cost = []
+for hidden in CHECK_HIDDEN_SIZES:
+    sized = DDP(build_model(seed=0, hidden=hidden))
+    sized_optimizer = torch.optim.SGD(sized.parameters(), lr=0.01)
+    x, y = micro_batch(0)
+
+    def one_step():
+        sized_optimizer.zero_grad()
+        F.mse_loss(sized(x), y).backward()
+        sized_optimizer.step()
+
+    value = local_checksum(sized)
+    check_cost.append({"hidden": hidden, "parameters": sum(p.numel() for p in sized.parameters()),
+                       "message_numbers": gather_checksums(value).numel(),
+                       "sum_ms": median_ms(lambda: local_checksum(sized)),
+                       "all_reduce_ms": median_ms(lambda: gather_checksums(value)),
+                       "step_ms": median_ms(one_step, repeats=STEP_REPEATS)})
+    del sized
+print(f"timed for {len(check_cost)} model sizes: the checksum's local sum and its all_reduce (median of "
+      f"{TIMING_REPEATS}), a DDP step (median of {STEP_REPEATS}); the numbers are in the report")
+report(detections=detections, still_differ=still_differ, check_cost=check_cost)
 del model
 dist.destroy_process_group()
