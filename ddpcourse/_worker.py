@@ -22,7 +22,7 @@ from ddpcourse.reporting import RUN_DIR_ENV, write_event
 WATCH_WRITES_ENV = "DDPCOURSE_WATCH_WRITES"  # set by a check: report files written under this folder
 WATCH_RETURNS_ENV = "DDPCOURSE_WATCH_RETURNS"  # lab functions (comma-separated) whose returns are logged
 WATCH_LOG_KEY = "_watched_folder_log"  # the report value that holds what happened in the watched folder
-WATCH_DELAY_S = 0.5  # the first write into the watched folder waits this long (see _watch_writes)
+WATCH_DELAY_ENV = "DDPCOURSE_WATCH_DELAY"  # seconds each torch.save into the watched folder waits first
 TODO_PATTERN = re.compile(r"^TODO (\d+)\b:?\s*(.*)", re.S)
 
 
@@ -89,7 +89,7 @@ def _watch_writes(folder, lab_file):
     # fact): wrapped too.
     import torch
 
-    log, delayed = [], []
+    log, delay = [], float(os.environ.get(WATCH_DELAY_ENV, "0"))
 
     def note(**entry):
         log.append(entry)
@@ -110,11 +110,10 @@ def _watch_writes(folder, lab_file):
         name = watched(f)
         if name is not None and isinstance(f, (str, bytes, os.PathLike)):
             write_event("wrote", path=os.path.join(folder, name))
-        if name is not None and not delayed:
-            # The first write is slowed down: a rank that does not wait for it (no barrier) returns from
-            # the save before the file exists, every time, instead of only when it happens to be fast.
-            delayed.append(True)
-            time.sleep(WATCH_DELAY_S)
+        if name is not None:
+            # A slow write: a rank that does not wait for it (no barrier) returns from the save before the
+            # file exists every time, instead of only when it happens to be faster than the writer.
+            time.sleep(delay)
         result = original_save(obj, f, *args, **kwargs)
         if name is not None:
             note(op="save", path=name)

@@ -37,12 +37,14 @@ def test_lab01_all_reduce_skipped(tmp_path):
     assert not agree.passed and detail(report, "with DDP equal one process").passed
 
 
-def test_lab01_only_some_parameters_reduced(tmp_path):
-    path = mutant(tmp_path, LAB, (REDUCE_LOOP, REDUCE_LOOP.replace("model.parameters()",
-                                                                    "model.fc1.parameters()")))
+def test_lab01_only_some_parameters_reduced_with_avg_and_divided(tmp_path):
+    path = mutant(tmp_path, LAB, (REDUCE_LOOP, REDUCE_LOOP.replace("model.parameters()", "model.fc1.parameters()")
+                                  .replace("all_reduce(param.grad)", "all_reduce(param.grad, op=dist.ReduceOp.AVG)")))
     report = check_lab(path, nproc=2, quiet=True)
     grads = detail(report, "averaged gradients")
     assert not grads.passed
+    assert "fc1.weight, fc1.bias: the mean divided by world_size once more (2x too small)" in grads.detail
+    assert "op=ReduceOp.AVG already averages" in grads.detail
     assert "only fc1.weight, fc1.bias were all-reduced; fc2.weight, fc2.bias kept this rank's own gradient" in grads.detail
     replicas = detail(report, "identical after training by hand")
     assert not replicas.passed and "fc2.weight" in replicas.detail and "fc1.weight" not in replicas.detail

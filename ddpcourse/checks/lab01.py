@@ -59,6 +59,8 @@ def _diagnose_gradients(rank, world, got, expected, locals_, shards_ok):
             kinds[name] = "mean of the wrong samples"
         elif world > 1 and _close(got[name], mean[name] * world):
             kinds[name] = "summed"
+        elif world > 1 and _close(got[name], mean[name] / world):
+            kinds[name] = "divided twice"
         elif world > 1 and (_close(got[name], locals_[rank][name])
                             or _close(got[name], locals_[rank][name] / world)):  # divided, never reduced
             kinds[name] = "own"
@@ -73,6 +75,9 @@ def _diagnose_gradients(rank, world, got, expected, locals_, shards_ok):
         parts.append(f"{_names(by_kind['summed'])}: the SUM over ranks, {world}x the mean (e.g. {name}[0] is "
                      f"{torch.as_tensor(got[name]).flatten()[0]:.6g}, expected {expected[name].flatten()[0]:.6g}): "
                      f"divide by world_size after all_reduce")
+    if "divided twice" in by_kind:
+        parts.append(f"{_names(by_kind['divided twice'])}: the mean divided by world_size once more ({world}x too "
+                     f"small): all_reduce with op=ReduceOp.AVG already averages; use the default SUM, then divide")
     if "own" in by_kind:
         if len(by_kind["own"]) == len(kinds):
             parts.append("each rank kept the gradient of its own samples: no all_reduce combined them "

@@ -2,14 +2,16 @@
 undisturbed and once with its last rank killed mid-training under torchrun --max-restarts 1.
 
 Both runs watch the checkpoint folder (ddpcourse._worker): which ranks wrote into it, how (torch.save,
-os.fsync, os.replace) and what each rank found in it when save_checkpoint returned. The worker slows the
-first write down, so a rank that does not wait for it is seen returning before the file exists.
+os.fsync, os.replace) and what each rank found in it when save_checkpoint returned. In the uninterrupted
+run the worker slows every torch.save into the folder down, so a rank that does not wait for the write is
+seen returning before the file exists.
 """
 import os
 
-from ddpcourse._worker import WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV
+from ddpcourse._worker import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV
 from ddpcourse.checks import Check
 
+WRITE_DELAY_S = 0.25  # per checkpoint write (6 of them) in the uninterrupted run: see the barrier check
 CHECKPOINT = "checkpoint.pt"  # the lab's file name in its --checkpoint-dir (set in main, outside the TODOs)
 
 NPROCS = (1, 2, 3)
@@ -23,6 +25,7 @@ def runs(workdir):
         os.makedirs(folder)
         specs[name] = {"args": ["--checkpoint-dir", folder],
                        "env": {WATCH_WRITES_ENV: folder, WATCH_RETURNS_ENV: "save_checkpoint"}}
+    specs["uninterrupted"]["env"][WATCH_DELAY_ENV] = str(WRITE_DELAY_S)
     specs["crashed"]["env"]["DDPCOURSE_FAIL_AT_STEP"] = str(FAIL_AT_STEP)
     specs["crashed"]["torchrun_args"] = ["--max-restarts", "1"]
     return specs
