@@ -1,9 +1,11 @@
-"""Demo for notebook 00: broadcast, all_reduce and all_gather on the values of the pictures.
+"""Demo for notebook 00: broadcast, all_reduce and all_gather on the values of the pictures, then
+ReduceOp.AVG, an asynchronous all_reduce, and the order in which DDP takes the mean of gradients.
 
 python -m ddpcourse run notebooks/demos/00_collectives.py --nproc 3
 """
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpcourse import init_distributed, report
 
@@ -24,5 +26,39 @@ dist.all_gather(parts, t)
 gathered = [p.item() for p in parts]
 
 print(f"started with {start:g}: broadcast -> {broadcast:g}, all_reduce -> {summed:g}, all_gather -> {gathered}")
-report(start=start, broadcast=broadcast, all_reduce=summed, all_gather=gathered)
+
+# --- the mean in one call (float tensors)
+t = torch.tensor(start, device=device)
+dist.all_reduce(t, op=dist.ReduceOp.AVG)
+averaged = t.item()
+
+# --- async_op=True: the call hands back a Work handle; the result is there after wait()
+t = torch.tensor(start, device=device)
+work = dist.all_reduce(t, async_op=True)
+work.wait()
+async_result = {"handle": type(work).__name__, "completed": work.is_completed(), "value": t.item()}
+
+# --- with nccl a blocking call returns once the reduction is queued on the GPU stream
+queued_only = None  # stays None on CPU (gloo): there the call returns with the result in t
+if device.type == "cuda":
+    torch.cuda._sleep(200_000_000)  # keep this rank's stream busy for a while (GPU clock cycles)
+    t = torch.tensor(start, device=device)
+    dist.all_reduce(t)
+    queued_only = not torch.cuda.current_stream().query()  # True: returned while the stream still works
+    torch.cuda.synchronize()
+
+# --- DDP's mean of gradients in float16: each rank's gradient is 8000 * start, the sum 96000 > 65504
+model = torch.nn.Linear(1, 1, bias=False).to(device=device, dtype=torch.float16)
+ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+ddp(torch.full((1, 1), 8000 * start, dtype=torch.float16, device=device)).sum().backward()
+ddp_mean_grad = model.weight.grad.item()  # what DDP's backward left in .grad
+t = torch.tensor(8000 * start, dtype=torch.float16, device=device)
+dist.all_reduce(t)  # the other order: sum first ...
+sum_then_divide = (t / world_size).item()  # ... then divide
+
+print(f"AVG -> {averaged:g}; async: {async_result}; DDP fp16 mean grad {ddp_mean_grad:g}, "
+      f"sum then divide {sum_then_divide:g}")
+report(start=start, broadcast=broadcast, all_reduce=summed, all_gather=gathered, avg=averaged,
+       async_result=async_result, backend=dist.get_backend(), queued_only=queued_only,
+       ddp_mean_grad=ddp_mean_grad, sum_then_divide=sum_then_divide)
 dist.destroy_process_group()
