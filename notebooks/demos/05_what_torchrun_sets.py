@@ -48,14 +48,17 @@ report(sums=sums, init_wait_s=waited)
 
 # 3. Which backends this torch build has, and the GPU path (one GPU per local rank).
 report(backends={"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()})
-local_rank = int(os.environ["LOCAL_RANK"])
-if torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
-    torch.cuda.set_device(local_rank)  # before any CUDA work: this process owns GPU `local_rank`
+local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:
+    # .cuda() with no argument goes to the CURRENT device, which is cuda:0 until set_device says otherwise
+    unset = torch.nn.Linear(4, 1).cuda().weight.device
+    torch.cuda.set_device(local_rank)  # before any other CUDA work: this process owns GPU `local_rank`
     dist.init_process_group("nccl")
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1).cuda(), device_ids=[local_rank])
-    gpu_path = f"ran: rank {rank} trains on {next(model.parameters()).device}"
+    gpu_path = f"ran: rank {rank}: .cuda() went to {unset} before set_device, to {next(model.parameters()).device} after"
+    report(cuda_before=str(unset), cuda_after=str(next(model.parameters()).device))
     dist.destroy_process_group()
 else:
-    gpu_path = "skipped: no CUDA GPU for every local rank on this machine"
+    gpu_path = f"not run on this machine: needs {local_world} CUDA devices (one per local rank)"
 report(gpu_path=gpu_path)
-print(f"rank {rank}: env:// tcp:// file:// all summed ranks to {sums['env']:g}; GPU path {gpu_path.split(':')[0]}")
+print(f"rank {rank}: env:// tcp:// file:// all summed ranks to {sums['env']:g}; GPU path: {gpu_path.split(':')[0]}")
