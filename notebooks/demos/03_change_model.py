@@ -1,7 +1,8 @@
 """Demo for notebook 03, sections 2 and 3: adding a layer, freezing and unfreezing, after DDP wrapped the model.
 
 Every scenario trains a fresh DDP(TinyNet) for a few steps, changes the model, trains again and reports
-what compare_replicas says. None of them raises an error: that is the point.
+what compare_replicas says. Most of them raise no error: that is the point. Where one does (a layer
+missing on one rank, a static graph that changed), the demo catches it and reports it.
 
 python -m ddpcourse run notebooks/demos/03_change_model.py --nproc 2
 """
@@ -56,6 +57,26 @@ def flat(module):
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
+def grow_on_rank0_only():
+    """The pattern of the source's example 2: rank 0 alone adds and initialises a layer, the ranks then send it.
+
+    Each rank first looks the new layer up; the source's code has no such check, so there rank 1 dies at the
+    lookup while rank 0 waits in its broadcast. Here the ranks agree (one all_reduce) before broadcasting."""
+    model = DDP(build_model(SEED).to(device))
+    if rank == 0:
+        insert_hidden_layer(model.module, seed=1)
+    try:
+        to_send, lookup = list(model.module.fc2.new.parameters()), "ok"
+    except AttributeError as error:
+        to_send, lookup = [], f"{type(error).__name__}: {error}"
+    everyone_has_it = torch.tensor([float(lookup == "ok")], device=device)
+    dist.all_reduce(everyone_has_it, op=dist.ReduceOp.MIN)  # 0 if any rank lacks the layer
+    if everyone_has_it.item() == 1.0:
+        for tensor in to_send:
+            dist.broadcast(tensor.detach(), src=0)
+    return {"lookup": lookup, "broadcast": everyone_has_it.item() == 1.0}
+
+
 def grow_without_rewrap():
     """A layer added on every rank (same initial values), a new optimizer, but the OLD DDP wrapper."""
     model = DDP(build_model(SEED).to(device))
@@ -88,6 +109,51 @@ def grow_and_rewrap():
     return {"before_rewrap": before_rewrap, "after_rewrap": after_rewrap, "in_sync_each_step": history,
             "new_layer_moved": round((flat(new_layer) - start).abs().max().item(), 4),
             "new_layer_in_old_optimizer": in_old_optimizer}
+
+
+def grow_keep_optimizer_state():
+    """After growing and re-wrapping: add_param_group keeps the old parameters' state, a new optimizer drops it."""
+    kinds = {"SGD momentum 0.9": lambda params: torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9),
+             "Adam": lambda params: torch.optim.Adam(params, lr=0.01)}
+    results = {}
+    for kind, make in kinds.items():
+        for how in ("add_param_group", "new optimizer"):
+            model = DDP(build_model(SEED).to(device))
+            optimizer = make(model.parameters())
+            train(model, optimizer)
+            old_parameters = list(model.module.parameters())
+            insert_hidden_layer(model.module, seed=1)
+            model = DDP(model.module)  # wraps the same module: the same Parameter objects, no copies
+            same_objects = all(any(p is q for q in model.parameters()) for p in old_parameters)
+            if how == "add_param_group":
+                optimizer.add_param_group({"params": list(model.module.fc2.new.parameters())})
+            else:
+                optimizer = make(model.parameters())
+            fc1_state = optimizer.state[model.module.fc1.weight]  # state is keyed by the Parameter object
+            state_at_rewrap = sorted(fc1_state)
+            train(model, optimizer, steps=1)
+            results[f"{kind}, {how}"] = {
+                "same_objects": same_objects, "state_at_rewrap": state_at_rewrap,
+                "adam_step_after": int(fc1_state["step"]) if "step" in fc1_state else None,
+                "identical": differing(model)["identical"]}
+    return results
+
+
+def static_graph_then_freeze():
+    """static_graph=True promises that the set of used parameters never changes: freeze fc1 at step 3 and see."""
+    net = build_model(SEED).to(device)
+    model = DDP(net, static_graph=True)
+    optimizer = sgd(model.parameters())
+    steps = []
+    for number in range(1, 5):
+        if number == 3:
+            net.fc1.requires_grad_(False)
+        try:
+            train(model, optimizer, steps=1)
+            steps.append("ok")
+        except RuntimeError as error:
+            steps.append(str(error).split(". ")[0] + ".")
+    return {"steps": steps, "differing": differing(model)["names"]}
 
 
 def unfreeze_after_wrapping():
@@ -142,13 +208,20 @@ def static_graph_with_unused_layer():
 
 def documented(option):
     """The first sentence of DDP's own documentation of `option` (the docstring of this torch version)."""
-    text = " ".join(DDP.__doc__.split(f"{option} (bool):", 1)[1].split())
-    return text.split(". ")[0] + "."
+    return documentation(option).split(". ")[0] + "."
 
 
-report(grow_without_rewrap=grow_without_rewrap(), grow_and_rewrap=grow_and_rewrap(),
+def documentation(option):
+    return " ".join(DDP.__doc__.split(f"{option} (bool):", 1)[1].split())
+
+
+report(grow_on_rank0_only=grow_on_rank0_only(),
+       grow_without_rewrap=grow_without_rewrap(), grow_and_rewrap=grow_and_rewrap(),
+       grow_keep_optimizer_state=grow_keep_optimizer_state(),
        unfreeze_after_wrapping=unfreeze_after_wrapping(), freeze_the_right_way=freeze_the_right_way(),
        freeze_with_find_unused=freeze_with_find_unused(),
        static_graph_with_unused_layer=static_graph_with_unused_layer(),
-       documented={option: documented(option) for option in ("find_unused_parameters", "static_graph")})
+       static_graph_then_freeze=static_graph_then_freeze(),
+       documented={option: documented(option) for option in ("find_unused_parameters", "static_graph")},
+       static_graph_skips_search="will not search graph in each iteration" in documentation("static_graph"))
 dist.destroy_process_group()

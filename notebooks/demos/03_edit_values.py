@@ -1,10 +1,12 @@
 """Demo for notebook 03, section 1: editing parameter values of a model already wrapped in DDP.
 
 Each scenario starts from a fresh DDP(TinyNet), edits the output bias after wrapping, trains a few steps
-and reports what compare_replicas says. The source's examples 1 and 3 run here as a learner copies them.
+and reports what compare_replicas says. Then BatchNorm buffers, in eval mode and in train mode.
 
 python -m ddpcourse run notebooks/demos/03_edit_values.py --nproc 2
 """
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -71,15 +73,27 @@ def scenario_same_edit_everywhere():
 
 
 def scenario_broadcast_from_rank0():
-    """Fix 2: rank 0 decides (here: a random value only rank 0 draws), then broadcasts to every rank."""
-    model, optimizer = fresh()
-    bias = model.module.fc2.bias
-    with torch.no_grad():
+    """Fix 2: rank 0 decides (here: a random value only rank 0 draws), then broadcasts to every rank.
+
+    Sent three ways: the Parameter with gradients enabled, the Parameter under no_grad, and its .data."""
+    results = {}
+    for sent in ("the parameter", "the parameter under no_grad", "its .data"):
+        model, optimizer = fresh()
+        bias = model.module.fc2.bias
+        memory = bias.data_ptr()
         if rank == 0:
-            bias += torch.rand(bias.shape, generator=torch.Generator().manual_seed(1)).to(device)
-        dist.broadcast(bias, src=0)  # every rank calls it; rank 0's values land in place
-    train(model, optimizer)
-    return summary(model)
+            with torch.no_grad():
+                bias += torch.rand(bias.shape, generator=torch.Generator().manual_seed(1)).to(device)
+        with torch.set_grad_enabled(sent == "the parameter"):
+            dist.broadcast(bias.data if sent == "its .data" else bias, src=0)  # every rank calls it
+        same_object = model.module.fc2.bias is bias and bias.data_ptr() == memory  # nothing was replaced
+        with warnings.catch_warnings(record=True) as caught:  # what the next backward passes say
+            warnings.simplefilter("always")
+            train(model, optimizer)
+        autograd_warnings = sorted({str(w.message).split(": ")[0] for w in caught
+                                    if "autograd kernel was not registered" in str(w.message)})
+        results[sent] = {**summary(model), "same_object": same_object, "autograd_warnings": autograd_warnings}
+    return results
 
 
 def scenario_average_local_edits():
@@ -103,50 +117,59 @@ def scenario_average_local_edits():
     return results
 
 
-def source_example_1():
-    """The source's example 1, as a learner copies it (its linear1 is our fc1)."""
-    model = DDP(build_model(SEED).to(device))
-    ddp_model = model
-    start = ddp_model.module.fc1.bias.detach().clone()
-    if dist.get_rank() == 0:
-        for param in ddp_model.module.fc1.bias:  # loops over the bias' 16 numbers, not over parameters
-            param.data += 0.1
-    dist.broadcast(ddp_model.module.fc1.bias.data, src=0)
-    moved = (ddp_model.module.fc1.bias - start).abs().max().item()
-    as_copied = summary(ddp_model)
-
-    # Its claim "broadcast .data, not the parameter": broadcast the parameter itself and see.
-    model = DDP(build_model(SEED).to(device))
-    if rank == 0:
-        with torch.no_grad():
-            model.module.fc1.bias += 0.1
-    dist.broadcast(model.module.fc1.bias, src=0)  # no .data
-    return {"as_copied": as_copied, "moved": round(moved, 6), "parameter_itself": summary(model)}
-
-
-def source_example_3():
-    """The source's example 3, as a learner copies it: a random local adjustment, then SUM / world size."""
-    ddp_model = DDP(build_model(SEED).to(device))
-    torch.manual_seed(100 + rank)  # each rank draws its own adjustment, as on a real job
-    local_adjustment = torch.randn_like(ddp_model.module.fc1.bias)
-    ddp_model.module.fc1.bias.data += local_adjustment
-    dist.all_reduce(ddp_model.module.fc1.bias.data, op=dist.ReduceOp.SUM)
-    ddp_model.module.fc1.bias.data /= dist.get_world_size()
-    return summary(ddp_model)
-
-
 def buffers_follow_rank0():
-    """Buffers are different: DDP broadcasts rank 0's buffers at every forward (broadcast_buffers=True)."""
+    """Eval mode: DDP broadcasts rank 0's buffers before a forward, so an edit on rank 1 is overwritten."""
     model, _ = fresh(batchnorm=True)
+    running_mean = model.module.norm.running_mean
     if rank == 1:
         with torch.no_grad():
-            model.module.norm.running_mean += EDIT  # an edit on rank 1 only
+            running_mean += EDIT  # an edit on rank 1 only
     before = summary(model)
     model.eval()  # eval: the forward uses running stats and does not update them
     model(x_local)
     after = summary(model)
-    running_mean = model.module.norm.running_mean.abs().max().item()
-    return {"before_forward": before, "after_forward": after, "running_mean_max": running_mean}
+    cleared = running_mean.abs().max().item()
+    # A forward under no_grad switches the sync off for the NEXT forward (torch's will_sync_module_buffers).
+    synced = []
+    for _ in range(2):
+        if rank == 1:
+            with torch.no_grad():
+                running_mean += EDIT
+        with torch.no_grad():
+            model(x_local)
+        synced.append(compare_replicas(model).identical)
+    return {"before_forward": before, "after_forward": after, "running_mean_max": cleared,
+            "no_grad_forwards_synced": synced}
+
+
+def buffers_in_training():
+    """Train mode: rank 0's buffers are broadcast BEFORE each forward, then BatchNorm updates them from
+    this rank's own batch. They differ after every training forward and are reset before the next one."""
+    model, optimizer = fresh(batchnorm=True)  # modules are in train mode
+    norm = model.module.norm
+    received = []  # running_mean as BatchNorm receives it, i.e. after DDP's broadcast
+    hook = norm.register_forward_pre_hook(lambda module, inputs: received.append(module.running_mean.clone()))
+    after_forward, differing_after_forward = [], []
+    for _ in range(STEPS):
+        optimizer.zero_grad()
+        F.mse_loss(model(x_local), y_local).backward()
+        optimizer.step()
+        after_forward.append(norm.running_mean.clone())
+        differing_after_forward.append([d.name for d in compare_replicas(model).differences])
+    hook.remove()
+    return {"received_in_second": received[1].tolist(), "after_first": after_forward[0].tolist(),
+            "differing_after_forward": differing_after_forward, "at_the_end": summary(model)}
+
+
+def buffer_option_names():
+    """torch 2.13 renamed broadcast_buffers to forward_sync_buffers: the old name still works, with a warning."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old_name = DDP(build_model(SEED, batchnorm=True).to(device), broadcast_buffers=True)
+    warned = [w.category.__name__ for w in caught if "`broadcast_buffers` is deprecated" in str(w.message)]
+    new_name = DDP(build_model(SEED, batchnorm=True).to(device))
+    return {"default_forward_sync_buffers": new_name.forward_sync_buffers, "old_name_warns": warned,
+            "old_name_sets": old_name.forward_sync_buffers}
 
 
 results = {
@@ -154,9 +177,9 @@ results = {
     "same_edit_everywhere": scenario_same_edit_everywhere(),
     "broadcast_from_rank0": scenario_broadcast_from_rank0(),
     "average_local_edits": scenario_average_local_edits(),
-    "source_example_1": source_example_1(),
-    "source_example_3": source_example_3(),
     "buffers": buffers_follow_rank0() if world_size > 1 else None,
+    "buffers_training": buffers_in_training(),
+    "buffer_option_names": buffer_option_names(),
 }
 report(**results)
 dist.destroy_process_group()
