@@ -153,6 +153,25 @@ for forward_sync_buffers in (True, False):
     print(f"forward_sync_buffers={forward_sync_buffers}: after training {after_training}")
     print(f"forward_sync_buffers={forward_sync_buffers}: after an eval forward {after_eval_forward}")
 
+# Which forwards broadcast the buffers: torch 2.13 broadcasts at the start of a forward only when the
+# PREVIOUS forward ran with gradients enabled (the flag is set at the end of each forward).
+ddp = DDP(build_model(seed=SEED, batchnorm=True))  # default forward_sync_buffers=True
+ddp.eval()
+with torch.no_grad():
+    ddp(probe)  # a no_grad forward (evaluation)
+    if rank == 1:
+        ddp.module.norm.running_mean.add_(1.0)  # rank 1's statistics drift
+    ddp(probe)  # follows a no_grad forward: no broadcast
+second_no_grad_forward = compare_replicas(ddp).identical
+ddp(probe)  # gradients enabled (eval mode, no backward): no broadcast at its start, the flag is set at its end
+with torch.no_grad():
+    ddp(probe)  # follows a forward with gradients: broadcast
+after_forward_with_grad = compare_replicas(ddp).identical
+which_forwards = {"no_grad forward after a no_grad forward": second_no_grad_forward,
+                  "forward after a forward with gradients": after_forward_with_grad}
+print(f"buffers identical after: {which_forwards}")
+report(which_forwards_sync=which_forwards)
+
 # The CPU options. (1) keep rank 0's statistics (forward_sync_buffers=True, the default); (2) average them over ranks,
 # with torch's own averaging utility (it takes any tensors, not only parameters):
 ddp = DDP(build_model(seed=SEED, batchnorm=True), forward_sync_buffers=False)
