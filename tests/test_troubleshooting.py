@@ -9,7 +9,9 @@ Launches are expensive (every rank imports torch), so the rows share them:
   what torch 2.13 prints (nothing) when a gloo script ends without destroy_process_group();
 - three runs of one script through the course's launcher: a mismatched collective (a hang, stopped by
   the launcher's timeout with each rank's stack), a rank that dies, and the fixed script, which also
-  reports OMP_NUM_THREADS and torch.get_num_threads() inside a rank.
+  reports OMP_NUM_THREADS and torch.get_num_threads() inside a rank;
+- no launch at all: torch.distributed.launch's extra --local-rank argument (from its parser and torchrun's
+  config), and what torchrun reports for a worker that left no error file (no @record).
 """
 import io
 import json
@@ -251,3 +253,35 @@ def test_todos_one_at_a_time_versus_status(tmp_path):
     make_labs(labs_dir=labs, out=io.StringIO())
     row = collect_status(labs, say=print).row("00")
     assert row.todos == [1, 2, 3] and row.launched is False
+
+
+def test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects(capsys):
+    """torch.distributed.launch parses torchrun's options and runs torchrun's agent, but adds --local-rank=N
+    to the script's arguments; a script written for torchrun (reading LOCAL_RANK) fails on it. No launch."""
+    import argparse
+
+    import torch.distributed.launch as legacy_launch
+    import torch.distributed.run as torchrun_module
+
+    command = ["--nproc-per-node", "1", "train.py", "--epochs", "1"]  # 1: with more, it would set OMP_NUM_THREADS here
+    _, _, legacy_args = torchrun_module.config_from_args(legacy_launch.parse_args(command))
+    _, _, torchrun_args = torchrun_module.config_from_args(torchrun_module.get_args_parser().parse_args(command))
+    assert "--local-rank=${local_rank}" in legacy_args and "--local-rank=${local_rank}" not in torchrun_args
+    script_parser = argparse.ArgumentParser(prog="train.py")
+    script_parser.add_argument("--epochs", type=int)
+    assert script_parser.parse_args(["--epochs", "1"]).epochs == 1  # what torchrun passes: fine
+    with pytest.raises(SystemExit):
+        script_parser.parse_args(["--epochs", "1", "--local-rank=0"])  # what launch passes
+    assert "train.py: error: unrecognized arguments: --local-rank=0" in capsys.readouterr().err
+    script_parser.add_argument("--local-rank", "--local_rank", type=int)  # the fix for a script run both ways
+    assert script_parser.parse_args(["--epochs", "1", "--local-rank=0"]).local_rank == 0
+
+
+def test_torchrun_without_record_reports_no_traceback():
+    """A failed worker that left no error file (no @record on main): torchrun's root cause has no traceback.
+    notebook 05 shows the file @record writes, from a real torchrun run."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure(local_rank=1, pid=0, exitcode=1, error_file="/nonexistent/error.json")
+    assert failure.error_file == "<N/A>"
+    assert failure.message == "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
