@@ -4,7 +4,7 @@
   ``python lab.py`` (then a one-process group), so one script runs both ways. Introduced in
   notebooks/00_start_here.ipynb.
 - ``compare_replicas(model)`` tells whether the model replicas on all ranks are identical and, if not,
-  which parameters and buffers differ, on which ranks, by how much. Introduced in notebook 00 and used
+  which parameters and buffers differ, on which ranks, by how much. Introduced in notebook 01 and used
   by every later lab.
 """
 import os

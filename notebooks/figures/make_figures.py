@@ -151,7 +151,7 @@ def ddp_registration():
              text(390, 212, "requires_grad turned off: reduction never finishes", 12, anchor="start"),
              text(390, 232, "requires_grad turned on: its gradients stay local", 12, anchor="start"),
              text(370, 262, "values: edit every rank alike, or broadcast;  structure: change every rank, "
-                            "new DDP, new optimizer", 11, bold=True)]
+                            "new DDP, optimizer.add_param_group", 11, bold=True)]
     return svg(740, 276, "".join(parts))
 
 
