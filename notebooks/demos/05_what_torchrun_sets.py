@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,25 +27,31 @@ rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 report(env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES}, argv=sys.argv[1:])
 
 # 2. Three init methods. Each time: join, all_reduce the ranks, leave.
-if rank == 1:
-    time.sleep(1.5)  # late on purpose: init_process_group blocks until every rank has joined
+# Rank 1 calls init_process_group only once rank 0 is about to (a marker file says so), so rank 0 is
+# inside the call first; wall-clock moments on one machine then show whether its call waited for rank 1.
+rank0_calling = Path(f"{options.file}.rank0-calling")
+if rank == 0:
+    rank0_calling.touch()
+else:
+    while not rank0_calling.exists():
+        time.sleep(0.01)
 methods = {
     "env://": {},  # MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the environment (torchrun's default)
     f"tcp://127.0.0.1:{options.tcp_port}": {"rank": rank, "world_size": world_size},
     f"file://{options.file}": {"rank": rank, "world_size": world_size},  # a file on a shared filesystem
 }
-sums, waited = {}, None
+sums, first_init = {}, None
 for method, extra in methods.items():
-    start = time.perf_counter()
+    called_at = time.time()
     dist.init_process_group("gloo", init_method=method, **extra)
-    if waited is None:
-        waited = time.perf_counter() - start
+    if first_init is None:
+        first_init = {"called_at": called_at, "returned_at": time.time()}
     total = torch.tensor([float(rank)])
     dist.all_reduce(total)
     sums[method.split(":")[0]] = total.item()
     dist.barrier()
     dist.destroy_process_group()
-report(sums=sums, init_wait_s=waited)
+report(sums=sums, first_init=first_init)
 
 # 3. Which backends this torch build has, and the GPU path (one GPU per local rank).
 report(backends={"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()})
