@@ -127,14 +127,12 @@ for name, load in [("every rank loads", load_on_every_rank), ("rank 0 loads, bro
     timings[name] = worst.item()
     identical[name] = compare_replicas(model).identical
     print(f"{name:24s} {worst.item() * 1000:7.1f} ms  replicas identical: {identical[name]}")
-# Per way: how many ranks called torch.load once per timed run (counted above), and the bytes that makes.
+# Per way: how many ranks called torch.load once per timed run (counted above).
 loads_on_every_rank = [None] * world_size
 dist.all_gather_object(loads_on_every_rank, loads)
 loading_ranks = {way: sum(calls.get(way, 0) // REPEATS for calls in loads_on_every_rank) for way in timings}
 report(n_parameters=n_parameters, file_bytes=file_bytes, timings=timings, identical_after_load=identical,
-       loads_per_rank=loads_on_every_rank, loading_ranks=loading_ranks,
-       bytes_loaded={way: count * file_bytes for way, count in loading_ranks.items()},
-       bytes_broadcast={"every rank loads": 0, "rank 0 loads, broadcast": n_parameters * 4 * (world_size - 1)})
+       loads_per_rank=loads_on_every_rank, loading_ranks=loading_ranks)
 dist.barrier()
 if rank == 0:
     os.remove(checkpoint)

@@ -93,9 +93,12 @@ facts["optimizer_state"] = compare_replicas(ddp)
 # 3d. RNG streams: dropout draws from each rank's own generator; DDP does not touch it.
 ddp = DDP(build_model(seed=SEED, dropout=0.5))  # build_model seeded every rank alike: same stream
 ones = torch.ones(16)
-masks_shared_stream = gather((ddp.module.drop(ones) > 0).int().tolist())
+# Only whether the masks agree is reported: the masks themselves depend on the CPU (bernoulli_ uses MKL's
+# generator on Intel CPUs, torch's own elsewhere), so printing them would not repeat on another machine.
+masks = gather((ddp.module.drop(ones) > 0).int().tolist())
 torch.manual_seed(SEED + 1 + rank)             # now one stream per rank
-masks_per_rank_stream = gather((ddp.module.drop(ones) > 0).int().tolist())
+masks_per_rank = gather((ddp.module.drop(ones) > 0).int().tolist())
+masks_equal = {"one shared stream": masks[0] == masks[1], "a stream per rank": masks_per_rank[0] == masks_per_rank[1]}
 
 # 3e. Data: a DataLoader knows nothing about ranks; a DistributedSampler gives each rank its shard.
 plain_indices = gather([int(i) for batch in DataLoader(range(len(dataset)), BATCH_SIZE) for i in batch])
@@ -103,14 +106,13 @@ sharded = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffl
 sharded_indices = gather(list(sharded))
 report(edit_after_wrap=facts["edit_after_wrap"].as_dict(), plain_attribute=facts["plain_attribute"].as_dict(),
        plain_means=plain_means, buffer_means=buffer_means, optimizer_state=facts["optimizer_state"].as_dict(),
-       adam_steps=adam_steps, masks_shared_stream=masks_shared_stream, masks_per_rank_stream=masks_per_rank_stream,
+       adam_steps=adam_steps, masks_equal=masks_equal,
        plain_indices=plain_indices, sharded_indices=sharded_indices)
 for name, result in facts.items():
     print(f"{name:16s} {result}")
 print(f"plain attribute plain_mean[0] per rank {plain_means}, registered buffer_mean[0] per rank {buffer_means}")
 print(f"Adam steps per rank {adam_steps}")
-print(f"dropout masks, one shared stream: {masks_shared_stream}")
-print(f"dropout masks, a stream per rank: {masks_per_rank_stream}")
+print(f"dropout masks equal on every rank: {masks_equal}")
 
 # 4. Buffers at each forward. torch 2.13 renamed broadcast_buffers to forward_sync_buffers, and the two
 # differ at construction: broadcast_buffers=False skips the constructor's buffer broadcast too.
@@ -154,7 +156,7 @@ for forward_sync_buffers in (True, False):
     print(f"forward_sync_buffers={forward_sync_buffers}: after an eval forward {after_eval_forward}")
 
 # Which forwards broadcast the buffers: torch 2.13 broadcasts at the start of a forward only when the
-# PREVIOUS forward ran with gradients enabled (the flag is set at the end of each forward).
+# PREVIOUS forward ran with gradients enabled and outside no_sync() (the flag is set at the end of each forward).
 ddp = DDP(build_model(seed=SEED, batchnorm=True))  # default forward_sync_buffers=True
 ddp.eval()
 with torch.no_grad():
@@ -167,8 +169,17 @@ ddp(probe)  # gradients enabled (eval mode, no backward): no broadcast at its st
 with torch.no_grad():
     ddp(probe)  # follows a forward with gradients: broadcast
 after_forward_with_grad = compare_replicas(ddp).identical
+ddp(probe)  # with gradients: the next forward would broadcast...
+with ddp.no_sync():
+    ddp(probe)  # ...and does; but this one runs inside no_sync(), so its end clears the flag
+if rank == 1:
+    ddp.module.norm.running_mean.add_(1.0)
+with torch.no_grad():
+    ddp(probe)  # follows a forward inside no_sync(): no broadcast
+after_no_sync_forward = compare_replicas(ddp).identical
 which_forwards = {"no_grad forward after a no_grad forward": second_no_grad_forward,
-                  "forward after a forward with gradients": after_forward_with_grad}
+                  "forward after a forward with gradients": after_forward_with_grad,
+                  "forward after a forward inside no_sync()": after_no_sync_forward}
 print(f"buffers identical after: {which_forwards}")
 report(which_forwards_sync=which_forwards)
 
@@ -208,10 +219,11 @@ seed_all(SEED)
 model = DDP(TinyNet(dropout=0.5))
 seed_all(SEED, rank)
 policy_masks = gather((model.module.drop(ones) > 0).int().tolist())
+policy_masks_equal = policy_masks[0] == policy_masks[1]
 policy_shards = gather(list(DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=SEED)))
 wrong_shards = gather(list(DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=SEED + rank)))
 policy_weights = compare_replicas(model)
-print(f"seeding policy: {policy_weights}; masks {policy_masks}")
+print(f"seeding policy: {policy_weights}; dropout masks equal on every rank: {policy_masks_equal}")
 # The price of per-rank streams: a layer built later (as notebook 03 adds one) draws from them and starts
 # different on every rank, unless the build is seeded alike again (or a new DDP(...) broadcasts it).
 layer_after_rank_seed = compare_replicas(nn.Linear(16, 16))
@@ -220,7 +232,7 @@ layer_after_shared_seed = compare_replicas(nn.Linear(16, 16))
 seed_all(SEED + 1, rank)  # ...then back to this rank's stream for dropout
 print(f"a layer built after seed_all(SEED, rank): {layer_after_rank_seed}")
 print(f"a layer built after seed_all(SEED + 1): {layer_after_shared_seed}")
-report(policy_weights=policy_weights.as_dict(), policy_masks=policy_masks, policy_shards=policy_shards,
+report(policy_weights=policy_weights.as_dict(), policy_masks_equal=policy_masks_equal, policy_shards=policy_shards,
        wrong_shards=wrong_shards, layer_after_rank_seed=layer_after_rank_seed.as_dict(),
        layer_after_shared_seed=layer_after_shared_seed.as_dict())
 del ddp, wrapped, old_name, new_name, model
