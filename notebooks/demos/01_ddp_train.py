@@ -8,9 +8,12 @@ One launch reports everything the notebook's DDP sections verify:
   2. construction: replicas built with different seeds are identical once wrapped;
   3. pitfalls: reduction='sum', an unequal last batch (and its exact fix), DistributedSampler's padding;
   4. the order of DDP's averaging without a hook: a float16 gradient that a sum would overflow;
-  5. timing: milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares).
+  5. timing: milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares);
+  6. every collective DDP calls in its constructor and in each forward and backward of 3 iterations,
+     with the default settings and with find_unused_parameters=True.
 """
 import gc
+import os
 import time
 
 import torch
@@ -19,6 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DistributedSampler
 
 from ddpcourse import init_distributed, report
@@ -148,6 +152,44 @@ for step in range(TIMING_STEPS + 3):  # 3 warm-up steps
     durations.append(time.perf_counter() - start)
 step_ms = 1000 * sorted(durations[3:])[TIMING_STEPS // 2]  # the median
 report(step_ms=step_ms, threads=torch.get_num_threads())  # the launcher sets cores // nproc
+
+
+# ----------------------------------------------------------------------------- 6. every collective, per phase
+class CollectiveLog(TorchDispatchMode):
+    """Names every c10d operation dispatched while active, the C++ reducer's own calls included."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket._qualified_op_name
+        if name.startswith("c10d::"):
+            self.calls.append(name[len("c10d::"):])
+        return func(*args, **(kwargs or {}))
+
+
+def collectives_per_phase(find_unused):
+    """{phase: [collective, ...]} for DDP's constructor and 3 forward/backward iterations."""
+    net = build_model(SEED)
+    if find_unused:
+        net.spare = nn.Linear(1, 1)  # never used by forward: the case the flag is made for
+    phases = {}
+    with CollectiveLog() as log:
+        logged = DDP(net, find_unused_parameters=find_unused)
+    phases["constructor"] = log.calls
+    for iteration in (1, 2, 3):
+        with CollectiveLog() as log:
+            loss = F.mse_loss(logged(x_all[:PER_RANK_BATCH]), y_all[:PER_RANK_BATCH])
+        phases[f"forward {iteration}"] = log.calls
+        with CollectiveLog() as log:
+            loss.backward()
+        phases[f"backward {iteration}"] = log.calls
+    return phases
+
+
+report(collectives={"default": collectives_per_phase(False), "find_unused": collectives_per_phase(True)},
+       pid=os.getpid())  # one process per rank
 
 del ddp_model, wrapped, half_model, timing_model, timing_optimizer, optimizer
 gc.collect()  # free every DDP wrapper (each holds the process group) before the group goes: a clean exit
