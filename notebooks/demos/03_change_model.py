@@ -60,8 +60,7 @@ def flat(module):
 def grow_on_rank0_only():
     """The pattern of the source's example 2: rank 0 alone adds and initialises a layer, the ranks then send it.
 
-    Each rank first looks the new layer up; the source's code has no such check, so there rank 1 dies at the
-    lookup. Here the ranks agree (one all_reduce) before broadcasting."""
+    Each rank first looks the new layer up, and the ranks agree (one all_reduce) before broadcasting."""
     model = DDP(build_model(SEED).to(device))
     if rank == 0:
         insert_hidden_layer(model.module, seed=1)

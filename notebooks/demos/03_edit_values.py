@@ -5,6 +5,7 @@ and reports what compare_replicas says. Then BatchNorm buffers, in eval mode and
 
 python -m ddpcourse run notebooks/demos/03_edit_values.py --nproc 2
 """
+import contextlib
 import warnings
 
 import torch
@@ -103,6 +104,7 @@ def scenario_average_local_edits():
         model, optimizer = fresh()
         bias = model.module.fc2.bias
         start = bias.detach().clone()
+        memory = bias.data_ptr()
         local_edit = torch.full_like(bias, 0.1 * (rank + 1))  # rank r adds 0.1 * (r + 1)
         with torch.no_grad():
             bias += local_edit
@@ -110,10 +112,13 @@ def scenario_average_local_edits():
                 dist.all_reduce(bias, op=dist.ReduceOp.SUM)
                 bias /= world_size
             else:
-                average_parameters(iter([bias]), None)  # torch's version: one flat all_reduce, then divide
+                # torch's version: divide by the world size first, one flat all_reduce, then p.data is
+                # rebound to a slice of that flat buffer (new memory, the same Parameter object)
+                average_parameters(iter([bias]), None)
         moved = (model.module.fc2.bias - start).item()  # the mean of the ranks' edits
+        same_memory = model.module.fc2.bias is bias and bias.data_ptr() == memory
         train(model, optimizer)
-        results[how] = {**summary(model), "moved": round(moved, 6)}
+        results[how] = {**summary(model), "moved": round(moved, 6), "same_memory": same_memory}
     return results
 
 
@@ -138,8 +143,21 @@ def buffers_follow_rank0():
         with torch.no_grad():
             model(x_local)
         synced.append(compare_replicas(model).identical)
+    # Its twin: a forward inside no_sync() (gradient accumulation) does the same, because DDP's _post_forward
+    # re-arms the sync only when gradients are enabled AND gradients will be synchronized.
+    model, _ = fresh(batchnorm=True)
+    model.eval()
+    running_mean = model.module.norm.running_mean
+    synced_no_sync = []
+    for inside_no_sync in (True, True, False, False):
+        if rank == 1:
+            with torch.no_grad():
+                running_mean += EDIT
+        with model.no_sync() if inside_no_sync else contextlib.nullcontext():
+            F.mse_loss(model(x_local), y_local).backward()
+        synced_no_sync.append(compare_replicas(model).identical)
     return {"before_forward": before, "after_forward": after, "running_mean_max": cleared,
-            "no_grad_forwards_synced": synced}
+            "no_grad_forwards_synced": synced, "no_sync_forwards_synced": synced_no_sync}
 
 
 def buffers_in_training():
