@@ -53,7 +53,7 @@ def differently_started(rank):
 model = differently_started(rank)
 before = compare_replicas(model)
 tensors_before = [t for t in list(model.parameters()) + list(model.buffers())]
-ddp = DDP(model)  # default broadcast_buffers=True, and init_sync=True: the broadcast happens here
+ddp = DDP(model)  # default forward_sync_buffers=True (formerly broadcast_buffers) and init_sync=True: the broadcast happens here
 after = compare_replicas(ddp)
 rank0_start = differently_started(0)  # rebuilt here, on every rank, to compare with what DDP left
 equals_rank0 = all(torch.equal(a, b) for a, b in zip(ddp.module.state_dict().values(),
