@@ -1,12 +1,14 @@
 """Helpers for the ddpcourse notebooks and labs.
 
-Notebook side (no torch import, cheap): ``run_lab``, ``check_lab``, ``doctor``, ``predict``.
+Notebook side (no torch import, cheap): ``run_lab``, ``check_lab``, ``doctor``, ``predict``,
+``setup_notebook`` (the first code cell of every notebook).
 Lab side (imports torch when first used): ``init_distributed``, ``report``, ``compare_replicas``.
 Each helper's module docstring names the notebook that introduces it.
 """
 from ddpcourse.reporting import report
 
-__all__ = ["run_lab", "check_lab", "report", "init_distributed", "compare_replicas", "doctor", "predict"]
+__all__ = ["run_lab", "check_lab", "report", "init_distributed", "compare_replicas", "doctor", "predict",
+           "setup_notebook"]
 
 
 def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_args=(), nnodes=1):
@@ -31,4 +33,7 @@ def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipy
     if name == "predict":
         from ddpcourse.quiz import predict
         return predict
+    if name == "setup_notebook":
+        from ddpcourse.notebooks import setup_notebook
+        return setup_notebook
     raise AttributeError(f"module 'ddpcourse' has no attribute {name!r}")
