@@ -42,6 +42,13 @@ def main(argv=None):
     make = sub.add_parser("make-labs", help="generate labs/ from solutions/ (course authors)")
     make.add_argument("--check", action="store_true", help="change nothing; exit 1 if labs/ is stale")
 
+    clean = sub.add_parser("make-clean", help="generate clean/ (learner copies, no outputs) from notebooks/")
+    clean.add_argument("--check", action="store_true", help="change nothing; exit 1 if clean/ is stale")
+
+    execute = sub.add_parser("execute", help="re-execute notebooks in place against solutions/, save them without "
+                                             "widget state or timing metadata, regenerate their clean copies")
+    execute.add_argument("notebooks", nargs="+", help="e.g. notebooks/00_start_here.ipynb")
+
     sub.add_parser("doctor", help="check this machine and environment for the course")
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -76,6 +83,13 @@ def main(argv=None):
         from ddpcourse.makelabs import make_labs
         stale = make_labs(check=options.check)
         return 1 if (options.check and stale) else 0
+    if options.command == "make-clean":
+        from ddpcourse.notebooks import make_clean
+        stale = make_clean(check=options.check)
+        return 1 if (options.check and stale) else 0
+    if options.command == "execute":
+        from ddpcourse.notebooks import execute
+        return 0 if execute(options.notebooks) else 1
     if options.command == "doctor":
         from ddpcourse.checkup import doctor
         return 0 if doctor().ok else 1
