@@ -23,7 +23,7 @@ import textwrap
 
 import pytest
 
-from ddpcourse.checkup import check_environment, format_report
+from ddpcourse.doctor import check_environment, format_report
 from ddpcourse.launcher import processes_of_run, run
 from ddpcourse.makelabs import make_labs
 from ddpcourse.paths import COURSE_ROOT
@@ -241,7 +241,7 @@ def test_doctor_red_localhost_line_and_its_fix(monkeypatch):
     def unresolvable(name):
         raise socket.gaierror(-2, "Name or service not known")
 
-    monkeypatch.setattr("ddpcourse.checkup.socket.gethostbyname", unresolvable)
+    monkeypatch.setattr("ddpcourse.doctor.socket.gethostbyname", unresolvable)
     text = format_report(check_environment(launch=False), color=False)
     assert "FAIL  localhost" in text and "[Errno -2] Name or service not known" in text
     assert "fix: add '127.0.0.1 localhost' to /etc/hosts" in text
