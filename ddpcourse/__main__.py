@@ -1,4 +1,4 @@
-"""Command line: python -m ddpcourse {run,check,status,hint,reset,make-labs,doctor} ... (see README.md).
+"""Command line: python -m ddpcourse {run,check,status,hint,reset,cleanup,make-labs,doctor} ... (see README.md).
 The console script ``ddpcourse`` (pyproject.toml) is the same command."""
 import argparse
 import sys
@@ -49,6 +49,11 @@ def main(argv=None):
                            description="Your version is kept as labs/NN_name.saved-YYYYmmdd-HHMMSS.py.")
     reset.add_argument("lab", help="the lab's number, e.g. 03")
     reset.add_argument("--labs", default=None, help="the labs folder (default: the course's labs/)")
+
+    cleanup = sub.add_parser("cleanup", help="end this user's left-over course runs (their notebook or terminal is gone)",
+                             description="Finds the processes of course runs (ddpcourse run, run_lab, check) whose "
+                                         "launcher is gone, ends them and lists what it ended.")
+    cleanup.add_argument("--all", action="store_true", help="also end runs whose launcher still waits for them")
 
     make = sub.add_parser("make-labs", help="generate labs/ from solutions/ (course authors)")
     make.add_argument("--check", action="store_true", help="change nothing; exit 1 if labs/ is stale")
@@ -103,6 +108,10 @@ def main(argv=None):
     if options.command == "reset":
         from ddpcourse.progress import main_reset
         return main_reset(options.lab, options.labs)
+    if options.command == "cleanup":
+        from ddpcourse.processes import end_leftover_runs
+        end_leftover_runs(include_active=options.all)
+        return 0
     if options.command == "make-labs":
         from ddpcourse.makelabs import make_labs
         stale = make_labs(check=options.check)

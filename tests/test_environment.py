@@ -14,7 +14,7 @@ def conda_pip_pins():
 
 def test_environment_yml_and_requirements_pin_the_same_versions():
     required = pins()
-    assert set(required) == {"torch", "jupyterlab", "nbval", "ipywidgets", "matplotlib", "pytest"}
+    assert set(required) == {"torch", "jupyterlab", "nbval", "ipywidgets", "matplotlib", "pytest", "psutil"}
     assert conda_pip_pins() == required
 
 
