@@ -20,11 +20,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from ddpcourse.doctor import check_environment, format_report
-from ddpcourse.launcher import processes_of_run, run, threads_per_rank
+from ddpcourse.launcher import STARTUP_TIMEOUT, processes_of_run, run, threads_per_rank
 from ddpcourse.makelabs import make_labs
 from ddpcourse.paths import COURSE_ROOT
 from ddpcourse.progress import collect_status
@@ -190,6 +191,10 @@ TROUBLE = """
     import torch.distributed as dist
     from ddpcourse import report
 
+    def spin():
+        while True:                    # busy in pure Python, holding the GIL
+            pass
+
     mode = os.environ.get("TROUBLE", "fixed")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -198,6 +203,8 @@ TROUBLE = """
         os._exit(3)                    # a rank dies without a Python exception (as when it is killed)
     if mode == "hang" and rank == 1:
         dist.barrier()                 # while rank 0 calls all_reduce: the calls do not match
+    elif mode == "hang" and rank == 2:
+        spin()
     else:
         dist.all_reduce(torch.ones(1))
     report(done=True)
@@ -217,16 +224,23 @@ def line_of(path, code):
 
 
 def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble):
-    # 3 s from the moment both ranks are ready (imports done): enough for any machine to reach the hang
-    result = run(trouble, nproc=2, timeout=3, show="none", env={"TROUBLE": "hang"})
-    assert result.timed_out and processes_of_run(result.run_id) == []
+    """Mismatched collectives (ranks 0 and 1) and a busy loop (rank 2), stopped by the timeout: 3 s from the
+    moment every rank is ready (imports done), enough for any machine to reach the hang."""
+    start = time.monotonic()
+    result = run(trouble, nproc=3, timeout=3, show="none", env={"TROUBLE": "hang"})
+    assert time.monotonic() - start < STARTUP_TIMEOUT + 3 + 15  # start-up, timeout, stacks and cleanup
+    assert result.timed_out and result.returncode == 124 and result.failure.kind == "timeout"
+    assert processes_of_run(result.run_id) == []
     assert result.message.startswith(f"TIMEOUT: {trouble} did not finish in ")
     all_reduce, barrier = line_of(trouble, "dist.all_reduce(torch.ones(1))"), line_of(trouble, "dist.barrier()")
     assert f"trouble.py:{all_reduce} in <module>:  dist.all_reduce(torch.ones(1))" in result.stacks[0]
     assert f"trouble.py:{barrier} in <module>:  dist.barrier()" in result.stacks[1]
+    # a pure-Python loop holding the GIL still dumps its stack (faulthandler works from the signal handler)
+    assert f"trouble.py:{line_of(trouble, 'spin()')} in <module>:  spin()" in result.stacks[2]
+    assert "in spin" in result.stacks[2], result.stacks[2]
     # the same run shows what the launcher does against oversubscription: the usable cores / ranks threads each
-    omp = threads_per_rank(2, {})
-    assert result.values("omp") == [omp, omp] and result.values("threads") == [int(omp)] * 2
+    omp = threads_per_rank(3, {})
+    assert result.values("omp") == [omp] * 3 and result.values("threads") == [int(omp)] * 3
 
 
 def test_a_rank_that_dies_is_named(trouble):
