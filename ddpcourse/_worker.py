@@ -10,6 +10,7 @@ It wraps the script so the launcher can tell a learner precisely what happened (
 - at the end of the script it records whether the default process group is still open (a lab must call
   ``dist.destroy_process_group()``), then the interpreter exits normally (atexit handlers, flushed files);
 - a watchdog ends the rank and its children if its parent (torchrun's agent, or the launcher) dies;
+- rank 0 serves init_process_group's store on 127.0.0.1 only (ddpcourse.stores);
 - hooks named in $DDPCOURSE_WORKER_HOOKS ("module:function,...") are called with the script's path before
   it runs: a check uses one to watch what the script does (see WATCH_WRITES_ENV).
 """
@@ -27,6 +28,7 @@ import traceback
 from ddpcourse.events import (EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, REPORT, RUN_DIR_ENV, STARTED, WROTE,
                               write_event)
 from ddpcourse.processes import watch_parent
+from ddpcourse.stores import serve_store_on_loopback
 from ddpcourse.todos import todo_in_message
 
 HOOKS_ENV = "DDPCOURSE_WORKER_HOOKS"  # "module:function,...": each is called with the script's path first
@@ -220,9 +222,13 @@ def main():
     write_event(STARTED, local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
     if restart:  # the same log continues: mark where the new attempt begins
         print(f"--- torchrun restarted this rank (restart {restart}) ---", flush=True)
+    store = None  # noqa: F841 - kept referenced while the script runs
     if _imports_torch(lab_file):
         import torch  # noqa: F401 - the script's own import is then instant
         import torch.distributed  # noqa: F401
+        if rank == 0 and os.environ.get("MASTER_PORT") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            # init_process_group's store (rank 0 serves it) on loopback, not on every interface
+            store, _ = serve_store_on_loopback(int(os.environ["MASTER_PORT"]))
     if os.environ.get(WATCH_WRITES_ENV):
         _watch_writes(os.environ[WATCH_WRITES_ENV], lab_file)
     _run_hooks(lab_file)

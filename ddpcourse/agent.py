@@ -4,14 +4,21 @@ It is ``python -m torch.distributed.run`` with two additions:
 - the failures torchrun collects (``ChildFailedError.failures``: each failed rank's exit code, pid,
   local rank) are saved as JSON in the run folder, so the launcher reads exit codes as data;
 - a watchdog: if the process that started this agent dies (a kernel or a CLI killed, even with SIGKILL),
-  the agent ends the run's processes and itself (ddpcourse.processes.watch_parent).
+  the agent ends the run's processes and itself (ddpcourse.processes.watch_parent);
+- the rendezvous store listens on 127.0.0.1 only (ddpcourse.stores): ``--standalone`` becomes a c10d
+  rendezvous at a loopback store this agent serves; with several agents the one started with
+  $DDPCOURSE_HOST_STORE=1 serves the store at its ``--rdzv-endpoint`` port.
 """
 import json
 import os
 import sys
+import uuid
 
 from ddpcourse.events import RUN_DIR_ENV
 from ddpcourse.processes import watch_parent
+from ddpcourse.stores import serve_store_on_loopback
+
+HOST_STORE_ENV = "DDPCOURSE_HOST_STORE"
 
 
 def failures_file(run_dir, pid):
@@ -28,13 +35,30 @@ def read_failures(run_dir):
     return found
 
 
+def _with_loopback_store(argv):
+    """The torchrun options, with the rendezvous store this agent must serve already listening on loopback.
+    Returns (options, store): the store must stay referenced while torchrun runs."""
+    argv = list(argv)
+    if "--standalone" in argv:
+        store, port = serve_store_on_loopback(0)
+        index = argv.index("--standalone")
+        argv[index:index + 1] = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                                 "--rdzv-id", uuid.uuid4().hex]
+        return argv, store
+    if os.environ.get(HOST_STORE_ENV) == "1" and "--rdzv-endpoint" in argv:
+        port = int(argv[argv.index("--rdzv-endpoint") + 1].rsplit(":", 1)[1])
+        return argv, serve_store_on_loopback(port)[0]
+    return argv, None
+
+
 def main():
     watch_parent()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    argv, store = _with_loopback_store(sys.argv[1:])  # noqa: F841 - store: kept alive until torchrun ends
     try:
-        run(parse_args(sys.argv[1:]))
+        run(parse_args(argv))
     except ChildFailedError as exc:
         failures = {rank: {"exitcode": f.exitcode, "local_rank": f.local_rank, "pid": f.pid}
                     for rank, f in exc.failures.items()}

@@ -132,8 +132,9 @@ def build_command(file, nproc, args=(), torchrun_args=(), rendezvous=None):
         where = ["--standalone"]
     else:
         port, run_id, nnodes = rendezvous
+        # the agent with $DDPCOURSE_HOST_STORE=1 serves the rendezvous store (on loopback), the others connect
         where = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                 "--rdzv-id", run_id]
+                 "--rdzv-id", run_id, "--rdzv-conf", "is_host=0"]
     return [sys.executable, "-m", "ddpcourse.agent", *where,
             "--nproc-per-node", str(nproc), "--local-addr", "127.0.0.1", "--monitor-interval", "0.05",
             *torchrun_args, "-m", "ddpcourse._worker", str(file), *map(str, args)]
@@ -216,11 +217,12 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
         else:
             rendezvous = (_free_port(), run_id, nnodes)
             commands = [build_command(lab_file, nproc, args, torchrun_args, rendezvous)] * nnodes
+        hosts = [{"DDPCOURSE_HOST_STORE": "1" if node == 0 else "0"} for node in range(len(commands))]
         procs = [subprocess.Popen(
-            command, env=build_env(world, run_dir, run_id, extra),
+            command, env=build_env(world, run_dir, run_id, {**extra, **host}),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             start_new_session=(os.name != "nt"),
-            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)) for command in commands]
+            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)) for command, host in zip(commands, hosts)]
         result.launched = True
         agent_chunks = [[] for _ in procs]
         readers = [threading.Thread(target=lambda p=p, c=c: c.extend(iter(p.stdout.readline, b"")), daemon=True)
