@@ -1,0 +1,316 @@
+"""README and docs/, checked against what they describe: the time table adds up and README agrees with it,
+the cheat sheet's facts hold on this torch (and its PDF is up to date), troubleshooting rows show the real
+error text, and the broken copy for the mistaken-lab demo fails its check as the guide says.
+
+Cheap on purpose: one launch (the broken copy's check, at one world size), two small subprocesses (pip,
+a bare Python); everything else runs inside this process.
+"""
+import datetime
+import difflib
+import importlib.util
+import io
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddpcourse.paths import COURSE_ROOT
+
+DOCS = COURSE_ROOT / "docs"
+README = (COURSE_ROOT / "README.md").read_text()
+GUIDE = (DOCS / "instructors.md").read_text()
+TROUBLESHOOTING = (DOCS / "troubleshooting.md").read_text()
+CHEATSHEET = (DOCS / "cheatsheet.md").read_text()
+MISTAKEN_LAB = DOCS / "workshop" / "00_mistaken_mean.py"
+
+
+def section(markdown, heading):
+    """The lines under the heading that starts with ``heading``, up to the next heading of the same or a
+    higher level (lines inside code blocks are no headings)."""
+    level, lines, inside, code = len(heading.split(" ")[0]), [], False, False
+    for line in markdown.splitlines():
+        code = code != line.startswith("```")
+        is_heading = not code and re.match(r"^(#+) ", line)
+        if inside and is_heading and len(is_heading.group(1)) <= level:
+            break
+        inside = inside or line.startswith(heading)
+        if inside:
+            lines.append(line)
+    assert lines, f"no heading {heading!r}"
+    return "\n".join(lines)
+
+
+def table_rows(markdown):
+    """The cells of each row of the markdown tables in ``markdown`` (header and separator rows left out)."""
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in markdown.splitlines() if line.startswith("|")]
+    return [row for row in rows if not set("".join(row)) <= set("-: ")][1:]
+
+
+def minutes(text):
+    return int(re.search(r"(\d+) min", text).group(1))
+
+
+def printable():
+    spec = importlib.util.spec_from_file_location("make_printable", DOCS / "make_printable.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ----------------------------------------------------------------------------- the time table
+def time_table():
+    """{module: (demos, votes, minutes of demos + votes + reading + lab, block minutes)} from the guide."""
+    table = {}
+    for row in table_rows(section(GUIDE, "## The time table").split("### ")[0]):
+        module, demos, votes, reading, lab, block = row
+        (n_demos, demo_min), (n_votes, vote_min) = (
+            tuple(map(int, re.match(r"(\d+) \((\d+) min\)", cell).groups())) for cell in (demos, votes))
+        assert demo_min == 4 * n_demos and vote_min == 2 * n_votes, row  # 4 min a demo, 2 min a vote
+        table[module[:2]] = (n_demos, n_votes, demo_min + vote_min + minutes(reading) + minutes(lab), minutes(block))
+    return table
+
+
+def test_time_table_blocks_add_up_and_readme_shows_the_same_blocks():
+    table = time_table()
+    notebooks = sorted(path.name[:2] for path in (COURSE_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert set(notebooks) <= set(table)  # every module on main is planned (06 may still be on its branch)
+    for module, (_, _, parts, block) in table.items():
+        assert parts == block, f"module {module}: its parts add up to {parts} min, its block says {block}"
+        readme_row = re.search(r"^\| \[notebooks/%s_.*\| (\d+) min \(cells run" % module, README, re.M)
+        assert readme_row and int(readme_row.group(1)) == block, f"README's course map disagrees on {module}"
+    total = sum(block for *_, block in table.values())
+    assert f"**{total} min ({total // 60} h {total % 60} min)**" in GUIDE
+
+
+@pytest.mark.parametrize("plan", ["### Half day", "### Full day"])
+def test_each_plan_adds_up_to_its_length_with_breaks_and_slack(plan):
+    text = section(GUIDE, plan)
+    hours, mins = map(int, re.search(r"\((\d+) h (\d+) min", text).groups())
+    rows = table_rows(text)
+    clock = 0
+    for when, what, length in rows:
+        start, end = [int(h) * 60 + int(m) for h, m in re.findall(r"(\d+):(\d\d)", when)]
+        assert start == clock and end - start == int(length), f"{plan}: {when} is not {length} min after {clock}"
+        clock = end
+    assert clock == hours * 60 + mins
+    assert any("slack" in what for _, what, _ in rows)
+    blocks = {module: block for module, (*_, block) in time_table().items()}
+    since_break = 0
+    for _, what, length in rows:
+        module = re.fullmatch(r"module (\d\d)", what)
+        if module:
+            assert int(length) == blocks[module.group(1)], f"{plan}: {what} is not its block"
+        since_break = 0 if what in ("break", "lunch", "stretch") else since_break + int(length)
+        assert since_break <= 75, f"{plan}: {since_break} min without a break"
+
+
+def test_demo_counts_and_predict_budgets_match_the_notebooks():
+    demos = table_rows(section(GUIDE, "## What to demo live"))
+    for module, (n_demos, votes, _, _) in time_table().items():
+        assert sum(row[0] == module for row in demos) == n_demos, f"module {module}: demo table vs time table"
+        notebook = next((COURSE_ROOT / "notebooks").glob(f"{module}_*.ipynb"), None)
+        if notebook is None:
+            continue  # 06 before its branch is merged
+        cells = json.loads(notebook.read_text())["cells"]
+        asked = sum(len(re.findall(r"^\s*predict\(", "".join(c["source"]), re.M)) for c in cells
+                    if c["cell_type"] == "code")
+        assert 0 < asked <= votes, f"notebook {module} has {asked} Predicts; the time table budgets {votes}"
+
+
+# ----------------------------------------------------------------------------- README's install
+def test_readme_installs_cpu_torch_before_the_requirements_and_opens_clean_copies():
+    install = section(README, "## Install and open (CPU first)")
+    blocks = re.findall(r"```bash\n(.*?)```", install, re.S)
+    with_torch = [block for block in blocks if "requirements.txt" in block and "whl/cpu" in block]
+    assert len(with_torch) == 2  # Linux (WSL2 runs the same block) and conda
+    for block in with_torch:
+        assert block.index("whl/cpu") < block.index("-r requirements.txt")
+    linux = with_torch[0]
+    assert "python3-venv" in linux and "python3 -m venv" in linux
+    assert "python -m jupyter lab --ServerApp.root_dir=. clean/00_start_here.ipynb" in install
+    assert (COURSE_ROOT / "clean" / "00_start_here.ipynb").is_file()
+    for system in ("**Linux", "**macOS on Apple Silicon", "**Windows: WSL2.**", "**conda**", "**Intel Macs**"):
+        assert system in install
+
+
+# ----------------------------------------------------------------------------- the cheat sheet
+def test_cheatsheet_prints_lines_of_at_most_100_characters_and_no_svg_links():
+    long = [line for line in CHEATSHEET.splitlines() if len(line) > 100]
+    assert not long, long
+    assert ".svg" not in CHEATSHEET and "](" not in CHEATSHEET
+
+
+def test_printable_cheatsheet_is_up_to_date_and_at_most_two_pages():
+    make = printable()
+    assert make.problems() == []
+    pages, _ = make.pdf_facts(make.TARGET)
+    assert pages == len(make.layout(CHEATSHEET)) <= 2
+    widest = max(len(text) for page in make.layout(CHEATSHEET) for _, text in page)
+    assert widest * 0.6 * make.FONT_SIZE / 72 <= make.PAGE_WIDTH - 2 * make.MARGIN  # monospace: 0.6 em a char
+
+
+def test_default_timeouts_per_backend_are_the_cheatsheets():
+    from torch.distributed import constants
+    from torch.distributed.distributed_c10d import _get_default_timeout
+
+    assert constants.default_pg_timeout == datetime.timedelta(minutes=30)
+    assert _get_default_timeout("gloo") == datetime.timedelta(minutes=30)
+    nccl = constants.default_pg_nccl_timeout  # None on a CPU-only build: read torch's own documentation then
+    if nccl is not None:
+        assert nccl == datetime.timedelta(minutes=10)
+    assert "Default value is 10 minutes for NCCL and 30 minutes for other backends" in " ".join(
+        dist.init_process_group.__doc__.split())
+    assert "10 minutes for nccl, 30 minutes for gloo and every other\n  backend" in CHEATSHEET
+
+
+def test_forward_sync_buffers_is_new_in_torch_2_13():
+    from torch.nn.parallel import DistributedDataParallel
+
+    assert "forward_sync_buffers" in DistributedDataParallel.__init__.__code__.co_varnames
+    assert ".. deprecated:: 2.13" in DistributedDataParallel.__doc__  # broadcast_buffers, replaced by it
+    assert "`forward_sync_buffers` is new in torch 2.13" in CHEATSHEET
+
+
+def allreduce_on_two_threads(op, values):
+    """all_reduce `values[r]` on two gloo ranks inside this process (one thread each); returns each rank's result."""
+    store, results = dist.HashStore(), {}
+
+    def rank(r):
+        group = dist.ProcessGroupGloo(store, r, 2, datetime.timedelta(seconds=30))
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        tensor = torch.tensor([values[r]])
+        try:
+            group.allreduce([tensor], options).wait()
+            results[r] = tensor.item()
+        except RuntimeError as error:
+            results[r] = error
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return results
+
+
+def test_reduce_op_avg_works_on_gloo_for_floats_only():
+    assert allreduce_on_two_threads(dist.ReduceOp.AVG, [1.0, 4.0]) == {0: 2.5, 1: 2.5}
+    integers = allreduce_on_two_threads(dist.ReduceOp.AVG, [1, 4])
+    assert all(isinstance(result, RuntimeError) for result in integers.values())
+    assert "with gloo only in recent releases" in CHEATSHEET and "float tensors" in CHEATSHEET
+
+
+def test_torch_load_refuses_code_by_default_as_weights_only():
+    buffer = io.BytesIO()
+    torch.save({"weights": torch.ones(2), "extra": socket.AddressFamily}, buffer)  # any non-tensor global
+    buffer.seek(0)
+    with pytest.raises(Exception, match="Weights only load failed"):
+        torch.load(buffer)
+    assert "`weights_only=True` (the default since torch 2.6)" in CHEATSHEET
+
+
+def test_every_torchrun_option_in_the_cheatsheet_exists():
+    from torch.distributed.run import get_args_parser
+
+    known = {option for action in get_args_parser()._actions for option in action.option_strings}
+    mentioned = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", section(CHEATSHEET, "## 2. torchrun")))
+    assert mentioned - {"--local-rank"} <= known, mentioned - known
+    assert {"--max-restarts", "--nnodes", "--node-rank", "--rdzv-endpoint", "--local-addr"} <= mentioned
+
+
+# ----------------------------------------------------------------------------- troubleshooting rows
+def test_a_script_started_without_a_launcher_needs_rank(monkeypatch):
+    if dist.is_initialized():
+        pytest.skip("a process group is already open in this process")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError) as error:
+        dist.init_process_group("gloo")
+    assert str(error.value) in TROUBLESHOOTING
+    assert str(error.value) == ("Error initializing torch.distributed using env:// rendezvous: environment "
+                                "variable RANK expected, but not set")
+
+
+def test_plain_torchrun_advertises_getfqdn_unless_local_addr(monkeypatch):
+    """torchrun's first node tells every worker to meet at socket.getfqdn(); a VPN or macOS can make that a
+    name nobody resolves. --local-addr replaces it (torch's own code, no launch)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+    from ddpcourse.launcher import build_command
+
+    monkeypatch.setattr(socket, "getfqdn", lambda *args: "laptop.vpn.example.invalid")
+    assert RendezvousStoreInfo.build(0, dist.HashStore(), local_addr=None).master_addr == "laptop.vpn.example.invalid"
+    assert RendezvousStoreInfo.build(0, dist.HashStore(), local_addr="127.0.0.1").master_addr == "127.0.0.1"
+    command = build_command("lab.py", 2)
+    assert command[command.index("--local-addr") + 1] == "127.0.0.1"  # the course's launcher always sets it
+    assert "`torchrun --standalone --local-addr 127.0.0.1 ...`" in TROUBLESHOOTING
+    assert "`GLOO_SOCKET_IFNAME=lo0` on macOS" in TROUBLESHOOTING
+
+
+def test_pip_behind_a_proxy_it_cannot_reach(tmp_path):
+    with socket.socket() as closed:  # a loopback port where nothing listens: a proxy that is not there
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "--isolated", "download", "--no-deps", "--retries", "1", "--timeout", "2",
+         "--proxy", f"http://127.0.0.1:{port}", "-d", str(tmp_path), "psutil==7.2.2"],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "after connection broken by 'ProxyError('Cannot connect to proxy.'" in result.stderr
+    assert "[Errno 111] Connection refused" in result.stderr
+    assert "No matching distribution found for psutil==7.2.2" in result.stderr
+    assert "after connection broken by 'ProxyError('Cannot connect to proxy.', NewConnectionError(" in TROUBLESHOOTING
+
+
+def test_a_kernel_without_the_course_environment(tmp_path):
+    """The wrong kernel: an interpreter that does not see the course's packages (here: site-packages off)."""
+    result = subprocess.run([sys.executable, "-S", "-c", "import ddpcourse"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == "ModuleNotFoundError: No module named 'ddpcourse'"
+    assert f"`{last}`" in TROUBLESHOOTING
+
+
+def test_the_widget_extension_comes_with_the_pinned_install():
+    from importlib.metadata import files, version
+
+    assert version("ipywidgets") == "8.1.9"
+    shipped = [str(path) for path in files("jupyterlab_widgets")]
+    assert any(path.endswith("labextensions/@jupyter-widgets/jupyterlab-manager/package.json") for path in shipped)
+    assert "`@jupyter-widgets/jupyterlab-manager`" in TROUBLESHOOTING
+
+
+def test_macos_equivalents_of_the_linux_commands():
+    for linux, macos in (("ss -ltnp", "lsof -nP -iTCP:29500 -sTCP:LISTEN"), ("getent hosts", "dscacheutil -q host")):
+        row = next(line for line in TROUBLESHOOTING.splitlines() if linux in line)
+        assert macos in row
+
+
+# ----------------------------------------------------------------------------- the mistaken-lab demo
+def test_the_mistaken_lab_differs_from_the_solution_in_one_line():
+    solution = [line for line in (COURSE_ROOT / "solutions" / "00_first_collectives.py").read_text().splitlines()
+                if not line.lstrip().startswith("###")]  # the solution markers and hints are not in the copy
+    changed = [line for line in difflib.unified_diff(solution, MISTAKEN_LAB.read_text().splitlines(), lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed == ["-    return total / world_size",
+                       "+    return total  # the mistake shown on the projector: a sum, not a mean"]
+
+
+def test_the_mistaken_lab_fails_its_check_as_the_guide_says():
+    from ddpcourse.checks import check_lab
+
+    report = check_lab(str(MISTAKEN_LAB), nproc=2, quiet=True)
+    failed = [check for check in report.results if not check.passed]
+    assert not report.passed and [check.name for check in failed] == ["nproc=2: mean_loss = 1.25 on every rank"]
+    assert "mean_loss is 2.5, the SUM over ranks (expected 1.25): divide the sum by the world size" in failed[0].detail
+    guide = " ".join(GUIDE.split())
+    assert "`FAIL nproc=2: mean_loss = 1.25 on every rank`" in guide.replace("FAIL  ", "FAIL ")
+    assert "`mean_loss is 2.5, the SUM over ranks (expected 1.25): divide the sum by the world size`" in guide
