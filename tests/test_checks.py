@@ -3,7 +3,7 @@ wrong versions fail with the message that names the mistake."""
 import pytest
 
 from ddpcourse.__main__ import main
-from ddpcourse.checks import check_lab
+from ddpcourse.checks import CACHE_ENV, check_lab
 from ddpcourse.makelabs import make_lab
 from ddpcourse.paths import COURSE_ROOT, lab_files
 from ddpcourse.todos import reveal_hint, solution_regions, todo_line
@@ -71,6 +71,7 @@ def test_a_value_the_lab_did_not_report_is_a_fail_naming_it(tmp_path, monkeypatc
         return RunResult(file=str(path), nproc=nproc, returncode=0, duration=1.0, reports=reports, launched=True)
 
     monkeypatch.setattr("ddpcourse.checks.launch", launched)
+    monkeypatch.delenv(CACHE_ENV, raising=False)  # the solution's real verdict may be cached: judge this run
     report = check_lab(SOLUTIONS[0], nproc=2, quiet=True)
     assert not report.passed and report.launched
     (failure,) = report.failures

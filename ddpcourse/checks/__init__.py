@@ -9,7 +9,7 @@ learner's copy anywhere works. Each lab has a module here, ``labNN.py``, with
 optionally ``def explain_failure(run) -> str`` (what a failed run's evidence says beyond its traceback), and,
 when one world size needs several differently configured runs (say, one with an injected failure),
 
-    def runs(workdir) -> {name: dict(env=..., args=..., torchrun_args=...)}   # workdir: fresh, per world size
+    def runs(workdir, nproc) -> {name: dict(env=..., args=..., torchrun_args=...)}  # workdir: fresh, per world size
     def checks(runs) -> list[Check]    # runs: {name: RunResult}
 
 The checks compare what the lab ``report``-ed with values computed here, independently of the lab, and
@@ -134,7 +134,7 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
 def _check_world_size(path, module, size, timeout):
     """Launch the lab (each of the check's runs) on ``size`` ranks and judge it: a list of Checks."""
     with tempfile.TemporaryDirectory(prefix="ddpcourse-check-") as workdir:
-        specs = module.runs(workdir) if hasattr(module, "runs") else {"": {}}
+        specs = module.runs(workdir, size) if hasattr(module, "runs") else {"": {}}
         results = {}
         for name, spec in specs.items():
             results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
