@@ -36,6 +36,8 @@ def main(argv=None):
                             description="Labs whose TODOs are all done are checked once, on 2 ranks; "
                                         "`check` is the full verdict.")
     status.add_argument("--labs", default=None, help="the labs folder to look at (default: the course's labs/)")
+    status.add_argument("--line", action="store_true",
+                        help="one line for the room's shared document (00:pass 01:todo2 02:new ...), nothing launched")
     status.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds each check run may take (default: {DEFAULT_TIMEOUT:g})")
 
@@ -99,7 +101,10 @@ def main(argv=None):
             return 2
         return 0
     if options.command == "status":
-        from ddpcourse.progress import status as show_status
+        from ddpcourse.progress import room_line, status as show_status
+        if options.line:
+            print(room_line(options.labs))
+            return 0
         try:
             show_status(options.labs, timeout=options.timeout)
         except KeyboardInterrupt:

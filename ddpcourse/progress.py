@@ -159,6 +159,34 @@ def status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOU
     return report
 
 
+def room_line(labs=None, solutions=None):
+    """One line for a room's shared document, nothing launched: ``ddpcourse 00:pass 01:todo2 02:new ...``.
+
+    new: as generated; todoK,K: open TODOs; syntax: does not compile; edited: every TODO done, not judged
+    here; pass: every world size of its check passed with this very text (the check cache, when one is set);
+    missing: no file."""
+    from ddpcourse.checks import passed_before
+
+    labs_dir = Path(labs or COURSE_ROOT / "labs")
+    cells = []
+    for number, solution in solution_files(solutions).items():
+        path = labs_dir / solution.name
+        if not path.exists():
+            state = "missing"
+        else:
+            todos = todo_status(path)
+            if todos.generated:
+                state = "new"
+            elif compile_error(path):
+                state = "syntax"
+            elif todos.todos:
+                state = "todo" + ",".join(map(str, todos.numbers))
+            else:
+                state = "pass" if passed_before(path) else "edited"
+        cells.append(f"{number}:{state}")
+    return " ".join(["ddpcourse", *cells])
+
+
 # ----------------------------------------------------------------------------- reset
 @dataclass
 class ResetResult:

@@ -199,3 +199,25 @@ def test_reset_cli_and_saved_files_are_ignored_by_git(tmp_path, capsys):
     assert saved.read_text() == "# my work\n"
     ignored = subprocess.run(["git", "check-ignore", "-q", f"labs/{saved.name}"], cwd=COURSE_ROOT)
     assert ignored.returncode == 0, ".gitignore must keep saved versions out of git"
+
+
+def test_status_line_for_the_room_reads_files_and_the_check_cache_only(tmp_path, monkeypatch, capsys, no_launch):
+    from ddpcourse.checks import CACHE_ENV, Check, _remember
+    from ddpcourse.checks import lab00 as check00
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    labs = fresh_labs(tmp_path)
+    done = labs / SOLUTIONS["00"].name
+    done.write_text(SOLUTIONS["00"].read_text())
+    (labs / SOLUTIONS["01"].name).write_text(do_todo(generated("01"), 1))
+    (labs / SOLUTIONS["02"].name).write_text("def broken(:\n")
+    (labs / SOLUTIONS["05"].name).unlink()
+    open_01 = ",".join(str(k) for k, _ in open_todos(do_todo(generated("01"), 1)))
+    cells = ["00:edited", f"01:todo{open_01}", "02:syntax"] + [f"{n}:new" for n in sorted(SOLUTIONS) if n in ("03", "04")]
+    assert main(["status", "--line", "--labs", str(labs)]) == 0
+    assert capsys.readouterr().out == " ".join(["ddpcourse", *cells, "05:missing"]) + "\n"
+    for size in check00.NPROCS:  # the check passed this very text on every world size
+        _remember(done, check00, size, [Check("a claim", True)])
+    assert main(["status", "--line", "--labs", str(labs)]) == 0
+    assert capsys.readouterr().out.split()[1] == "00:pass"
