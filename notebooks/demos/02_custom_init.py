@@ -17,7 +17,7 @@ from ddpcourse.toy import build_model
 
 # -----------------------------------------------------------------------------
 SEED = 0
-PRETRAINED_WIDTH = 1024   # the "pretrained" model: 4 Linear(1024, 1024) layers, about 4.2 M parameters
+PRETRAINED_WIDTH = 512    # the "pretrained" model: 4 Linear(512, 512) layers, about 1.05 M parameters
 PRETRAINED_LAYERS = 4
 REPEATS = 3               # each way of loading is timed REPEATS times; the fastest run counts
 # -----------------------------------------------------------------------------
@@ -70,7 +70,7 @@ in_place = compare_replicas(model)
 same_objects = before == [id(t) for t in list(model.parameters()) + list(model.buffers())]
 row0 = model.fc1.weight[0].tolist()
 print(f"parameters and buffers: {in_place}; same tensor objects: {same_objects}; fc1.weight[0] = {row0}")
-report(object_list=object_list.as_dict(), list_holds_model_tensors=list_holds_model_tensors,
+report(broadcast_object_list=object_list.as_dict(), list_holds_model_tensors=list_holds_model_tensors,
        list_holds_rank0_row=list_holds_rank0_row, parameters_only=parameters_only.as_dict(),
        in_place=in_place.as_dict(), same_objects=same_objects, row0=row0)
 
@@ -137,4 +137,5 @@ dist.barrier()
 if rank == 0:
     os.remove(checkpoint)
     os.rmdir(folder[0])
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; 02_all_demos.py runs it among other demos and ends the group itself
+    dist.destroy_process_group()

@@ -2,6 +2,7 @@
 
 python -m ddpcourse run notebooks/demos/02_seeds_and_wrap.py --nproc 2
 The last step wraps models whose shapes differ on purpose: the run ends with DDP's error.
+Notebook 02 runs it with the notebook's other demos, in one launch: demos/02_all_demos.py.
 """
 import inspect
 
@@ -71,8 +72,14 @@ print("in DistributedDataParallel.__init__:", *where, sep="\n    ")
 report(before_wrap=before.as_dict(), after_wrap=after.as_dict(), equals_rank0_start=equals_rank0,
        same_tensor_objects=same_tensors, ddp_init_lines=where)
 
-# 3. DDP compares parameter shapes across ranks first. Here rank 1's hidden layer is one unit wider.
-mismatched = TinyNet(hidden=16 + rank)
-print(f"wrapping a model with fc1.weight of shape {list(mismatched.fc1.weight.shape)} ...")
-DDP(mismatched)  # ranks > 0 raise; rank 0 (the reference) moves on to the broadcast and is stopped
-dist.destroy_process_group()
+
+def wrap_mismatched_shapes():
+    """3. DDP compares parameter shapes across ranks first. Here rank 1's hidden layer is one unit wider."""
+    mismatched = TinyNet(hidden=16 + rank)
+    print(f"wrapping a model with fc1.weight of shape {list(mismatched.fc1.weight.shape)} ...")
+    DDP(mismatched)  # ranks > 0 raise; rank 0 (the reference) moves on to the broadcast and is stopped
+
+
+if __name__ == "__main__":  # run alone; 02_all_demos.py calls the last step itself, after the other demos
+    wrap_mismatched_shapes()
+    dist.destroy_process_group()

@@ -45,7 +45,7 @@ def shared_seed_to_device_then_wrap():
     model = build_model(seed=SEED).to(device)
     gpu = device.type == "cuda"
     wrapped, result = replicas_around_wrap(model, device_ids=[device.index] if gpu else None)
-    result["wrapped_on"] = str(next(wrapped.module.parameters()).device)
+    result["moved_to"], result["wrapped_on"] = str(device), str(next(wrapped.module.parameters()).device)
     result["gpu_path"] = "run" if gpu else "not run on this machine: needs a CUDA device per rank"
     # The mistake the move prevents: a module left on the CPU, device_ids naming a GPU. DDP refuses it on
     # every rank alike, before any collective (so catching it is safe). This part runs on a CPU too.
@@ -81,4 +81,5 @@ for name, result in patterns.items():
 print(f"DDP(model on the CPU, device_ids=[{rank}]) -> ValueError: "
       f"{patterns['shared_seed']['left_on_cpu_error'][:80]}...")
 report(**patterns)
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; 02_all_demos.py runs it among other demos and ends the group itself
+    dist.destroy_process_group()

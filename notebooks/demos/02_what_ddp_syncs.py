@@ -235,6 +235,7 @@ print(f"a layer built after seed_all(SEED + 1): {layer_after_shared_seed}")
 report(policy_weights=policy_weights.as_dict(), policy_masks_equal=policy_masks_equal, policy_shards=policy_shards,
        wrong_shards=wrong_shards, layer_after_rank_seed=layer_after_rank_seed.as_dict(),
        layer_after_shared_seed=layer_after_shared_seed.as_dict())
-del ddp, wrapped, old_name, new_name, model
-gc.collect()  # free every DDP object (they hold the process group) before the group itself goes
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; 02_all_demos.py runs it among other demos and ends the group itself
+    del ddp, wrapped, old_name, new_name, model
+    gc.collect()  # free every DDP object (they hold the process group) before the group itself goes
+    dist.destroy_process_group()

@@ -223,4 +223,5 @@ report(grow_on_rank0_only=grow_on_rank0_only(),
        static_graph_then_freeze=static_graph_then_freeze(),
        documented={option: documented(option) for option in ("find_unused_parameters", "static_graph")},
        static_graph_skips_search="will not search graph in each iteration" in documentation("static_graph"))
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; 03_all_demos.py runs it among other demos and ends the group itself
+    dist.destroy_process_group()

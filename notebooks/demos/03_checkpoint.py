@@ -149,4 +149,5 @@ if rank == 0:
     torch.load(unsafe, weights_only=False)  # runs the code: only for files you trust
     report(refused=refused)
 
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; 03_all_demos.py runs it among other demos and ends the group itself
+    dist.destroy_process_group()

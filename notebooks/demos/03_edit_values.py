@@ -200,4 +200,5 @@ results = {
     "buffer_option_names": buffer_option_names(),
 }
 report(**results)
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; 03_all_demos.py runs it among other demos and ends the group itself
+    dist.destroy_process_group()
