@@ -11,8 +11,7 @@ from ddpcourse import init_distributed, report
 
 # -------------------------------------------------------------------------------------------- config
 SIZES = [4 * 4**i for i in range(13)]   # bytes: 4 B (one float32) ... 64 MiB, a factor 4 apart
-TIME_PER_SIZE = 0.15                     # seconds of repeats per size (fewer repeats for big messages)
-MAX_REPEATS = 40
+ROUNDS = 9                               # each round times every size once; a size's time is its median
 COPY_BYTES = 64 * 2**20                  # the memory-copy reference: one 64 MiB copy
 # -----------------------------------------------------------------------------------------------------
 
@@ -36,26 +35,24 @@ for _ in range(5):
     copy_times.append(time.perf_counter() - start)
 copy_gbps = 2 * COPY_BYTES / median(copy_times) / 1e9
 
-seconds = []
-for size in SIZES:
-    tensor = torch.ones(size // 4)
+tensors = [torch.ones(size // 4) for size in SIZES]
+for tensor in tensors:
     dist.all_reduce(tensor)  # warm-up: connections, buffers
-    # Every rank must run the same number of repeats: rank 0 decides from its warm-up time.
-    probe = time.perf_counter()
-    dist.all_reduce(tensor)
-    repeats = torch.tensor([max(3, min(MAX_REPEATS, int(TIME_PER_SIZE / (time.perf_counter() - probe + 1e-9))))])
-    dist.broadcast(repeats, src=0)
-    times = []
-    for _ in range(int(repeats)):
+# Rounds over all sizes, not all repeats of one size in a row: a burst of load on the machine then
+# slows every size a little instead of one size a lot, and the medians stay comparable.
+times = [[] for _ in SIZES]
+for _ in range(ROUNDS):
+    for tensor, size_times in zip(tensors, times):
         dist.barrier()
         start = time.perf_counter()
         dist.all_reduce(tensor)
-        times.append(time.perf_counter() - start)
-    seconds.append(median(times))
+        size_times.append(time.perf_counter() - start)
+seconds = [median(size_times) for size_times in times]
 
 factor = 2 * (world_size - 1) / world_size  # bytes each rank sends (and receives) per byte of message, ring
 algbw = [size / t / 1e9 for size, t in zip(SIZES, seconds)]
 busbw = [bw * factor for bw in algbw]
 print(f"all_reduce of {len(SIZES)} sizes from {SIZES[0]} B to {SIZES[-1] // 2**20} MiB timed on {world_size} ranks")
 report(sizes=SIZES, seconds=seconds, algbw_gbps=algbw, busbw_gbps=busbw, copy_gbps=copy_gbps)
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; inside 04_sync.py the next part uses the same group
+    dist.destroy_process_group()

@@ -270,4 +270,5 @@ import torch.distributed.optim
 import torch.nn.parallel.distributed as ddp_module
 report(post_local_sgd_optimizer=hasattr(torch.distributed.optim, "PostLocalSGDOptimizer"),
        default_bucket_cap_mb=ddp_module._DEFAULT_BUCKET_CAP_MB)
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; inside 04_sync.py the next part uses the same group
+    dist.destroy_process_group()

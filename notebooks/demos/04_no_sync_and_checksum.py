@@ -209,4 +209,5 @@ print(f"timed for {len(check_cost)} model sizes: the checksum's local sum and it
       f"{TIMING_REPEATS}), a DDP step (median of {STEP_REPEATS}); the numbers are in the report")
 report(detections=detections, still_differ=still_differ, check_cost=check_cost)
 del model
-dist.destroy_process_group()
+if __name__ == "__main__":  # run alone; inside 04_sync.py the next part uses the same group
+    dist.destroy_process_group()
