@@ -12,31 +12,26 @@ It wraps the script so the launcher can tell a learner precisely what happened (
 - a watchdog ends the rank and its children if its parent (torchrun's agent, or the launcher) dies;
 - rank 0 serves init_process_group's store on 127.0.0.1 only (ddpcourse.stores);
 - hooks named in $DDPCOURSE_WORKER_HOOKS ("module:function,...") are called with the script's path before
-  it runs: a check uses one to watch what the script does (see WATCH_WRITES_ENV).
+  it runs: lab 05's check uses ddpcourse.watch_writes to see which ranks write its checkpoints, and how.
 """
 import ast
 import faulthandler
-import hashlib
 import importlib
 import os
 import runpy
 import signal
 import sys
-import time
 import traceback
 
-from ddpcourse.events import (EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, REPORT, RUN_DIR_ENV, STARTED, WROTE,
-                              write_event)
+from ddpcourse.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, RUN_DIR_ENV, STARTED, write_event
 from ddpcourse.processes import watch_parent
 from ddpcourse.stores import serve_store_on_loopback
 from ddpcourse.todos import todo_in_message
+# The write-watching hook's settings, re-exported for the checks that import them from here.
+from ddpcourse.watch_writes import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV  # noqa: F401
 
 HOOKS_ENV = "DDPCOURSE_WORKER_HOOKS"  # "module:function,...": each is called with the script's path first
-
-WATCH_WRITES_ENV = "DDPCOURSE_WATCH_WRITES"  # set by a check: report files written under this folder
-WATCH_RETURNS_ENV = "DDPCOURSE_WATCH_RETURNS"  # lab functions (comma-separated) whose returns are logged
-WATCH_LOG_KEY = "_watched_folder_log"  # the report value that holds what happened in the watched folder
-WATCH_DELAY_ENV = "DDPCOURSE_WATCH_DELAY"  # seconds each torch.save into the watched folder waits first
+WATCH_WRITES_HOOK = "ddpcourse.watch_writes:install"
 
 
 def _redirect_output(run_dir, rank):
@@ -75,108 +70,6 @@ def _record_exception(exc, lab_file):
     write_event(EXCEPTION, **fields)
 
 
-def _watch_writes(folder, lab_file):
-    """Record every file this rank opens for writing (or renames into) under `folder`.
-
-    Lets a check tell *which ranks* wrote a checkpoint, which the file itself cannot say. It also logs, as
-    the report value WATCH_LOG_KEY, how the files got there (torch.save, os.fsync with the file's size at
-    that moment, os.replace / os.rename) and, at every return from a lab function named in
-    $DDPCOURSE_WATCH_RETURNS, the digest of every file in the folder: what that rank could read then.
-    """
-    folder = os.path.abspath(folder) + os.sep
-
-    def hook(event, args):
-        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
-            mode = args[1] if len(args) > 1 and isinstance(args[1], str) else "r"
-            path = os.path.abspath(os.fsdecode(args[0]))
-            if path.startswith(folder) and any(flag in mode for flag in "wax+"):
-                write_event(WROTE, path=path)
-        elif event == "os.rename" and len(args) >= 2:
-            path = os.path.abspath(os.fsdecode(args[1]))
-            if path.startswith(folder):
-                write_event(WROTE, path=path)
-
-    sys.addaudithook(hook)
-    # torch.save(obj, "path") writes from C++, unseen by the audit hook: wrap it (this mode is for checks,
-    # and the labs import torch anyway). os.fsync and os.replace raise no audit event (or none after the
-    # fact): wrapped too.
-    import torch
-
-    log, delay = [], float(os.environ.get(WATCH_DELAY_ENV, "0"))
-
-    def note(**entry):
-        log.append(entry)
-        write_event(REPORT, values={WATCH_LOG_KEY: log})
-
-    def watched(target):
-        """`target`'s path relative to the folder (a path or an open file's name), or None if outside."""
-        name = target if isinstance(target, (str, bytes, os.PathLike)) else getattr(target, "name", None)
-        if not isinstance(name, (str, bytes, os.PathLike)):
-            return None
-        path = os.path.abspath(os.fsdecode(name))
-        return os.path.relpath(path, folder) if path.startswith(folder) else None
-
-    original_save, original_fsync = torch.save, os.fsync
-    original_replace, original_rename = os.replace, os.rename
-
-    def save(obj, f, *args, **kwargs):
-        name = watched(f)
-        if name is not None and isinstance(f, (str, bytes, os.PathLike)):
-            write_event(WROTE, path=os.path.join(folder, name))
-        if name is not None:
-            # A slow write: a rank that does not wait for it (no barrier) returns from the save before the
-            # file exists every time, instead of only when it happens to be faster than the writer.
-            time.sleep(delay)
-        result = original_save(obj, f, *args, **kwargs)
-        if name is not None:
-            note(op="save", path=name)
-        return result
-
-    def fsync(fd):
-        number = fd if isinstance(fd, int) else fd.fileno()
-        stat = os.fstat(number)
-        result = original_fsync(fd)
-        for root, _, files in os.walk(folder):
-            for file in files:
-                other = os.stat(os.path.join(root, file))
-                if (other.st_dev, other.st_ino) == (stat.st_dev, stat.st_ino):
-                    note(op="fsync", path=os.path.relpath(os.path.join(root, file), folder), size=stat.st_size)
-        return result
-
-    def renamer(original):
-        def rename(src, dst, *args, **kwargs):
-            target = watched(dst)
-            size = os.stat(src).st_size if target is not None and os.path.exists(src) else None
-            result = original(src, dst, *args, **kwargs)
-            if target is not None:
-                note(op="replace", src=watched(src) or os.fsdecode(src), dst=target, size=size)
-            return result
-        return rename
-
-    def folder_digests():
-        digests = {}
-        for root, _, files in os.walk(folder):
-            for file in files:
-                path = os.path.join(root, file)
-                try:
-                    with open(path, "rb") as handle:
-                        digests[os.path.relpath(path, folder)] = hashlib.sha1(handle.read()).hexdigest()
-                except OSError:
-                    pass  # renamed away while we looked
-        return digests
-
-    functions = set(filter(None, os.environ.get(WATCH_RETURNS_ENV, "").split(",")))
-
-    def profile(frame, event, arg):
-        code = frame.f_code
-        if event == "return" and code.co_name in functions and code.co_filename == lab_file:
-            note(op="returned", function=code.co_name, files=folder_digests())
-
-    torch.save, os.fsync, os.replace, os.rename = save, fsync, renamer(original_replace), renamer(original_rename)
-    if functions:
-        sys.setprofile(profile)
-
-
 def _imports_torch(lab_file):
     """Whether the script imports torch (directly, or through the course's lab helpers)."""
     try:
@@ -195,9 +88,16 @@ def _imports_torch(lab_file):
     return False
 
 
+def _hooks():
+    hooks = [spec.strip() for spec in os.environ.get(HOOKS_ENV, "").split(",") if spec.strip()]
+    if os.environ.get(WATCH_WRITES_ENV) and WATCH_WRITES_HOOK not in hooks:  # checks that set only the folder
+        hooks.append(WATCH_WRITES_HOOK)
+    return hooks
+
+
 def _run_hooks(lab_file):
-    for spec in filter(None, os.environ.get(HOOKS_ENV, "").split(",")):
-        module, _, function = spec.strip().partition(":")
+    for spec in _hooks():
+        module, _, function = spec.partition(":")
         getattr(importlib.import_module(module), function)(lab_file)
 
 
@@ -229,8 +129,6 @@ def main():
         if rank == 0 and os.environ.get("MASTER_PORT") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             # init_process_group's store (rank 0 serves it) on loopback, not on every interface
             store, _ = serve_store_on_loopback(int(os.environ["MASTER_PORT"]))
-    if os.environ.get(WATCH_WRITES_ENV):
-        _watch_writes(os.environ[WATCH_WRITES_ENV], lab_file)
     _run_hooks(lab_file)
     sys.argv = [lab_file] + sys.argv[2:]
     sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would

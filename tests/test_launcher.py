@@ -76,7 +76,14 @@ def test_exception_on_one_rank_names_that_rank(tmp_path):
     assert "ChildFailedError" not in result.message  # torchrun's wall of text stays hidden
 
 
-def test_unfinished_todo_reads_as_such_on_one_rank_without_torchrun(tmp_path):
+def test_unfinished_todo_reads_as_such_on_one_rank_without_torchrun(tmp_path, monkeypatch):
+    """Also a worker hook (how a check watches a script): called with the script's path before it runs."""
+    script(tmp_path, "my_hook.py", """
+        from ddpcourse import report
+        def before(lab_file):
+            report(hooked=lab_file)
+        """)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     path = script(tmp_path, "07_todo_lab.py", """
         import os
         def step():
@@ -85,7 +92,8 @@ def test_unfinished_todo_reads_as_such_on_one_rank_without_torchrun(tmp_path):
         print("parent", os.getppid())
         step()
         """)
-    result = launch(path, nproc=1, timeout=30)
+    result = launch(path, nproc=1, timeout=30, env={"DDPCOURSE_WORKER_HOOKS": "my_hook:before"})
+    assert result.reports[0]["hooked"] == str(path)
     failure = result.failure
     assert (failure.kind, failure.todo, failure.rank, failure.exitcode) == ("todo", 2, 0, 1)
     assert failure.hint == "all_reduce the gradients"
