@@ -158,8 +158,9 @@ def _forbid_proc_reads_from_course_code(monkeypatch):
 def test_grandchildren_are_killed_without_reading_proc(tmp_path, monkeypatch):
     listed = _forbid_proc_reads_from_course_code(monkeypatch)
     path = script(tmp_path, "spawner.py", """
-        import subprocess, sys
+        import atexit, subprocess, sys
         from ddpcourse import report
+        atexit.register(report, atexit_ran=True)  # the rank's teardown still runs its atexit handlers
         sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
         child = subprocess.Popen(sleeper)                           # stays in the process group
         escaped = subprocess.Popen(sleeper, start_new_session=True)  # leaves it (setsid)
@@ -168,6 +169,7 @@ def test_grandchildren_are_killed_without_reading_proc(tmp_path, monkeypatch):
     result = launch(path, nproc=1, timeout=30)
     assert result.ok, result.message
     assert listed, "the run's processes were looked up through psutil"
+    assert result.reports[0]["atexit_ran"] is True
     for pid in result.values("pids")[0]:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
