@@ -31,7 +31,7 @@ from ddpcourse import diagnosis
 from ddpcourse.agent import read_failures
 from ddpcourse.diagnosis import RankFailure  # noqa: F401 - part of this module's API
 from ddpcourse.events import ENDINGS, READY, RUN_DIR_ENV, STARTED, WROTE, EventReader
-from ddpcourse.paths import COURSE_ROOT, display_path
+from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
 from ddpcourse.printing import RunPrinter, verdict
 from ddpcourse.processes import (LAUNCHER_PID_ENV, RUN_ID_ENV, find_processes, kill_run,  # noqa: F401
                                  processes_of_run)
@@ -194,7 +194,8 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
     syntax = _syntax_error(lab_file)
     if syntax:  # no need to start N interpreters to find this
         result.returncode = 1
-        result.failure = RankFailure(0, diagnosis.EXCEPTION_KIND, message=f"{shown} has a syntax error",
+        what = "does not exist" if not lab_file.exists() else "has a syntax error"
+        result.failure = RankFailure(0, diagnosis.EXCEPTION_KIND, message=f"{shown} {what}",
                                      details=syntax, error=syntax.strip().splitlines()[-1])
         result.message = verdict(result, shown)
         if show != "none":
@@ -315,15 +316,17 @@ def _stacks_text(result):
 
 
 def _syntax_error(path):
+    """The formatted syntax error of ``path`` (ddpcourse.paths.compile_error), a missing file, or None."""
     try:
-        compile(Path(path).read_bytes(), str(path), "exec")
-    except SyntaxError as exc:
-        where = f"{display_path(path)}, line {exc.lineno}"
-        code = (exc.text or "").rstrip()
-        return f"  {where}\n    {code}\nSyntaxError: {exc.msg}"
+        exc = compile_error(path)
     except FileNotFoundError:
         return f"FileNotFoundError: {path}"
-    return None
+    if exc is None:
+        return None
+    if not isinstance(exc, SyntaxError):  # e.g. a null byte
+        return f"  {display_path(path)}\n{type(exc).__name__}: {exc}"
+    code = (exc.text or "").rstrip()
+    return f"  {display_path(path)}, line {exc.lineno}\n    {code}\nSyntaxError: {exc.msg}"
 
 
 class _RankLogs:

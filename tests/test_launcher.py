@@ -58,6 +58,8 @@ def test_syntax_error_is_reported_without_launching(tmp_path):
     assert result.failure.kind == "exception" and result.failure.error.startswith("SyntaxError")
     assert "syntax error" in result.message and "line 2" in result.message
     assert "SyntaxError" in result.message and "if x == 1" in result.message
+    missing = launch(tmp_path / "no_such_lab.py", timeout=10)
+    assert not missing.launched and missing.message.startswith(f"FAILED: {tmp_path / 'no_such_lab.py'} does not exist")
 
 
 def test_exception_on_one_rank_names_that_rank(tmp_path):
