@@ -314,3 +314,15 @@ def test_the_mistaken_lab_fails_its_check_as_the_guide_says():
     guide = " ".join(GUIDE.split())
     assert "`FAIL nproc=2: mean_loss = 1.25 on every rank`" in guide.replace("FAIL  ", "FAIL ")
     assert "`mean_loss is 2.5, the SUM over ranks (expected 1.25): divide the sum by the world size`" in guide
+
+
+def test_the_room_line_of_a_fresh_copy_reads_as_the_guide_shows(tmp_path):
+    from ddpcourse.makelabs import make_labs
+    from ddpcourse.progress import room_line
+
+    examples = re.findall(r"^ddpcourse .*$", section(GUIDE, "### Seeing the room's progress"), re.M)
+    make_labs(labs_dir=tmp_path, out=io.StringIO())
+    assert room_line(tmp_path).startswith(examples[0])  # later labs (06) may follow the example's last one
+    for state in {token.split(":")[1] for example in examples for token in example.split()[1:]}:
+        assert re.fullmatch(r"new|syntax|edited|missing|pass|todo\d(,\d)*", state), state
+        assert f"`{'todoK,K' if state.startswith('todo') else state}`:" in GUIDE  # each state explained
