@@ -1,7 +1,10 @@
 """Demo for notebook 05: ranks with different numbers of batches, with and without Join.
 
-python -m ddpcourse run notebooks/demos/05_uneven_inputs.py --nproc 2 --timeout 10           # hangs
-python -m ddpcourse run notebooks/demos/05_uneven_inputs.py --nproc 2 -- --join              # finishes
+One launch trains twice: first inside Join (quietly: it only reports its steps and whether the replicas
+agree), then without Join, where rank 1's extra batch waits until the launcher's timeout ends the run.
+
+python -m ddpcourse run notebooks/demos/05_uneven_inputs.py --nproc 2 --timeout 3         # Join, then a hang
+python -m ddpcourse run notebooks/demos/05_uneven_inputs.py --nproc 2 -- --join           # Join only: finishes
 """
 import sys
 
@@ -14,29 +17,35 @@ from ddpcourse import init_distributed, report
 from ddpcourse.lab import compare_replicas
 from ddpcourse.toy import build_model, make_dataset
 
-USE_JOIN = "--join" in sys.argv[1:]
+JOIN_ONLY = "--join" in sys.argv[1:]
 rank, world_size, device = init_distributed()
 data = make_dataset(samples=32)
 batches = 2 + rank  # rank 0 has 2 batches, rank 1 has 3: the last batch of rank 1 has no partner
-model = DDP(build_model(0))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
 
-def train():
+def train(model, say=print):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(batches):
         x, y = data.tensors[0][step * 4:(step + 1) * 4], data.tensors[1][step * 4:(step + 1) * 4]
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()  # DDP all-reduces the gradients here
         optimizer.step()
-        print(f"step {step} done", flush=True)
+        say(f"step {step} done")
 
 
-if USE_JOIN:
-    with Join([model]):  # a rank that ran out of data shadows the others' all-reduces with zeros
-        train()
-else:
-    train()
+# 1. With Join: a rank that ran out of data shadows the others' all-reduces with zeros.
+model = DDP(build_model(0))
+with Join([model]):
+    train(model, say=(print if JOIN_ONLY else lambda text: None))
 replicas = compare_replicas(model)
-report(steps=batches, identical=replicas.identical)
-print(f"finished {batches} steps; {replicas}")
+report(joined_steps=batches, joined_identical=replicas.identical)
+if JOIN_ONLY:
+    print(f"with Join: finished {batches} steps; {replicas}")
+else:
+    # 2. Without Join: rank 1's third backward waits for a partner that has left the loop.
+    model = DDP(build_model(0))
+    train(model)
+    replicas = compare_replicas(model)
+    report(steps=batches, identical=replicas.identical)
+    print(f"finished {batches} steps; {replicas}")
 dist.destroy_process_group()
