@@ -210,7 +210,8 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
         events = EventReader(run_dir)
         output = {rank: [] for rank in range(world)}
         extra = dict(env or {})
-        if world == 1 and not torchrun_args:  # no agent needed: the script's one-process path, half the cost
+        direct = world == 1 and not torchrun_args
+        if direct:  # no agent needed: the script's one-process path, half the cost
             extra.update(one_process_env(run_id))
             commands = [[sys.executable, "-m", "ddpcourse._worker", str(lab_file), *map(str, args)]]
         elif nnodes == 1:
@@ -270,7 +271,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
                 reader.join(timeout=5)
             drain(logs.flush())
             events.close()
-            exit_codes = _exit_codes(run_dir, procs, world)
+            exit_codes = {0: procs[0].returncode} if direct else _agent_exit_codes(run_dir)
 
     result.duration = time.monotonic() - start
     result.returncode = 124 if result.timed_out else next((p.returncode for p in procs if p.returncode), 0)
@@ -294,11 +295,8 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
     return result
 
 
-def _exit_codes(run_dir, procs, world):
-    """{rank: exit code} of the ranks that failed: from the agents' saved failures, or from the worker
-    itself when it was started directly."""
-    if world == 1 and procs[0].args[2] == "ddpcourse._worker":
-        return {0: procs[0].returncode}
+def _agent_exit_codes(run_dir):
+    """{rank: exit code} of the ranks that failed, as torchrun's agents saved them (ddpcourse.agent)."""
     return {rank: row["exitcode"] for rank, row in read_failures(run_dir).items()}
 
 
