@@ -104,23 +104,6 @@ def test_unfinished_todo_reads_as_such_on_one_rank_without_torchrun(tmp_path, mo
     assert result.output[0][0] == f"parent {os.getpid()}"
 
 
-def test_rank_that_returns_early_breaks_its_peers_collective(tmp_path):
-    path = script(tmp_path, "early_return.py", """
-        import sys, torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        if dist.get_rank() == 1:
-            sys.exit(0)  # "done" while rank 0 still waits for it
-        dist.all_reduce(torch.ones(1))
-        """)
-    result = launch(path, timeout=40)
-    assert not result.ok
-    assert result.failure.rank in (0, 1), result.message
-    if result.failure.rank == 0:
-        assert "rank 0 failed in a collective because rank(s) [1] had already ended" in result.message
-    else:  # rank 1 ended first, with its group open
-        assert result.failure.kind == "open_process_group"
-
-
 def test_a_process_group_left_open_fails_the_run(tmp_path):
     """No os._exit shortcut: a script that forgets destroy_process_group() is told so, by rank."""
     path = script(tmp_path, "forgets_destroy.py", """
@@ -335,6 +318,16 @@ def test_a_rank_that_vanished_is_the_root_cause_not_the_peer_it_left():
     assert (failure.rank, failure.kind, failure.exitcode) == (1, "exit", 3)
     assert "rank 1 exited with code 3 without a Python exception" in failure.message
     assert failure.kind in diagnosis.KINDS
+
+
+def test_a_rank_that_returned_early_explains_its_peers_failed_collective():
+    """Rank 1 ended (sys.exit(0), its group still open) while rank 0 waited in a collective for it."""
+    ended = _events("started", "ready", "finished", process_group_open=True)
+    waiting = _events("started", "ready") + [{"event": "exception", "time": 9.0, "pid": 2, "type": "RuntimeError",
+                                              "message": "Connection closed by peer", "traceback": "tb"}]
+    failure = diagnosis.root_cause({0: waiting, 1: ended}, 2, {0: 1}, "lab.py")
+    assert (failure.rank, failure.kind, failure.exitcode) == (0, "exception", 1)
+    assert failure.message.startswith("rank 0 failed in a collective because rank(s) [1] had already ended")
 
 
 def test_a_partial_event_line_never_crashes_the_reader(tmp_path):
