@@ -136,6 +136,7 @@ def course_copy(tmp_path_factory):
     for solution in lab_files(COURSE_ROOT / "solutions"):
         (root / "labs" / solution.name).write_text(make_lab(solution.read_text(), solution.name))
     client = NotebookClient(nbformat.v4.new_notebook(), timeout=300, kernel_name="python3", allow_errors=True,
+                            shutdown_kernel="immediate",
                             resources={"metadata": {"path": str(root / "notebooks")}})
     with pytest.MonkeyPatch.context() as env:
         env.delenv(LAB_SOURCE_ENV, raising=False)
