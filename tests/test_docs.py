@@ -326,3 +326,13 @@ def test_the_room_line_of_a_fresh_copy_reads_as_the_guide_shows(tmp_path):
     for state in {token.split(":")[1] for example in examples for token in example.split()[1:]}:
         assert re.fullmatch(r"new|syntax|edited|missing|pass|todo\d(,\d)*", state), state
         assert f"`{'todoK,K' if state.startswith('todo') else state}`:" in GUIDE  # each state explained
+
+
+def test_ddp_bucket_sizes_are_the_cheatsheets():
+    import inspect
+
+    import torch.nn.parallel.distributed as ddp
+
+    assert ddp._DEFAULT_BUCKET_CAP_MB == 25 and dist._DEFAULT_FIRST_BUCKET_BYTES == 1024 * 1024
+    assert "_DEFAULT_FIRST_BUCKET_BYTES if is_using_default else" in inspect.getsource(ddp)
+    assert "25 MiB each (`bucket_cap_mb`); by default\n  the first bucket closes at 1 MiB" in CHEATSHEET
