@@ -3,7 +3,7 @@
 One launch trains twice: first inside Join (quietly: it only reports its steps and whether the replicas
 agree), then without Join, where rank 1's extra batch waits until the launcher's timeout ends the run.
 
-python -m ddpcourse run notebooks/demos/05_uneven_inputs.py --nproc 2 --timeout 3         # Join, then a hang
+python -m ddpcourse run notebooks/demos/05_uneven_inputs.py --nproc 2 --timeout 6         # Join, then a hang
 python -m ddpcourse run notebooks/demos/05_uneven_inputs.py --nproc 2 -- --join           # Join only: finishes
 """
 import sys
