@@ -6,6 +6,7 @@ and reports what compare_replicas says. Then BatchNorm buffers, in eval mode and
 python -m ddpcourse run notebooks/demos/03_edit_values.py --nproc 2
 """
 import contextlib
+import inspect
 import warnings
 
 import torch
@@ -160,6 +161,12 @@ def buffers_follow_rank0():
             "no_grad_forwards_synced": synced, "no_sync_forwards_synced": synced_no_sync}
 
 
+def buffer_sync_condition():
+    """The line of this torch's DDP._post_forward that arms the buffer sync for the next forward."""
+    return next(line.strip() for line in inspect.getsource(DDP._post_forward).splitlines()
+                if line.strip().startswith("if ") and "require_backward_grad_sync" in line)
+
+
 def buffers_in_training():
     """Train mode: rank 0's buffers are broadcast BEFORE each forward, then BatchNorm updates them from
     this rank's own batch. They differ after every training forward and are reset before the next one."""
@@ -196,6 +203,7 @@ results = {
     "broadcast_from_rank0": scenario_broadcast_from_rank0(),
     "average_local_edits": scenario_average_local_edits(),
     "buffers": buffers_follow_rank0() if world_size > 1 else None,
+    "buffer_sync_condition": buffer_sync_condition(),
     "buffers_training": buffers_in_training(),
     "buffer_option_names": buffer_option_names(),
 }
