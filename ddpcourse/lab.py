@@ -76,10 +76,11 @@ class ReplicaReport:
         return "\n".join(lines)
 
     def as_dict(self):
-        """Plain data for ``report(...)``."""
+        """Plain data for ``report(...)``; each difference carries its text, so a check that reads the
+        report words it as this module does (one formatting of a replica difference)."""
         return {"identical": self.identical, "world_size": self.world_size, "structure": self.structure,
                 "differences": [{"kind": d.kind, "name": d.name, "groups": d.groups,
-                                 "max_abs_diff": d.max_abs_diff} for d in self.differences]}
+                                 "max_abs_diff": d.max_abs_diff, "text": str(d)} for d in self.differences]}
 
 
 def _tensors(model):

@@ -18,7 +18,6 @@ say what is wrong in the words of the likely mistake ("the sum, not the mean: di
 import hashlib
 import importlib
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -87,8 +86,31 @@ class CheckReport:
         return f"CheckReport({Path(self.file).name}, {'passed' if self.passed else 'failed'})"
 
 
-def close(a, b, tol=1e-9):
-    return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+# How close a lab's value must come to the check's own, by what produced it (the tolerance of agree):
+EXACT = 1e-9     # exact binary fractions and copies (broadcast, all_gather): only the JSON round trip's noise
+RECOMPUTED = 1e-7  # float32 values the check recomputes with the same operations: the last bits (thread count)
+ROUNDING = 1e-5  # float32 arithmetic summed in another order than the check's (ranks, buckets, a float64 replay)
+
+
+def agree(got, expected, tol=EXACT):
+    """True when ``got`` and ``expected`` (numbers, or nested lists or tensors of the same shape) agree
+    elementwise within ``tol * (1 + |expected|)``: absolute near zero, relative for large values.
+    tol=0.0 asks for identical values (replicas compared with each other)."""
+    got, expected = (x.tolist() if hasattr(x, "tolist") else x for x in (got, expected))
+    if isinstance(expected, (list, tuple)):
+        return (isinstance(got, (list, tuple)) and len(got) == len(expected)
+                and all(agree(g, e, tol) for g, e in zip(got, expected)))
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return False
+    return abs(got - expected) <= tol * (1 + abs(expected))
+
+
+def replica_differences(replicas, names=None):
+    """What differs between the replicas, from a ``compare_replicas(...).as_dict()`` report: its own
+    texts ("parameter fc1.weight: 2 versions (ranks 0 vs ranks 1), max |diff| 0.5"), joined by "; ".
+    names: only the tensors whose name starts with this."""
+    texts = [d["text"] for d in replicas["differences"] if names is None or d["name"].startswith(names)]
+    return "; ".join((replicas["structure"] if names is None else []) + texts)
 
 
 def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):

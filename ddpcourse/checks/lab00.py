@@ -1,5 +1,5 @@
 """Checks for lab 00 (first collectives): exact global mean, max and gather on every rank."""
-from ddpcourse.checks import Check, close
+from ddpcourse.checks import Check, agree
 
 NPROCS = (1, 2, 3)
 
@@ -13,12 +13,12 @@ def _diagnose(name, got, rank, world, expected, local, total, rank0_value, sum_f
     """Why `got` is wrong, in the words of the likely mistake."""
     if not isinstance(got, (int, float)):
         return f"rank {rank}: {name} is {got!r}, expected the number {expected:g}"
-    if world > 1 and close(got, total):
+    if world > 1 and agree(got, total):
         return f"rank {rank}: {name} is {got:g}, the SUM over ranks (expected {expected:g}): {sum_fix}"
-    if rank != 0 and close(rank0_value, expected):
+    if rank != 0 and agree(rank0_value, expected):
         return (f"rank {rank}: {name} is {got:g}, expected {expected:g}; rank 0 is right, so the result reached "
                 f"rank 0 only: use all_reduce (every rank gets the result), not reduce(dst=0)")
-    if world > 1 and close(got, local) and not close(local, expected):
+    if world > 1 and agree(got, local) and not agree(local, expected):
         return (f"rank {rank}: {name} is {got:g}, this rank's own value (expected {expected:g}): "
                 f"no collective combined it with the other ranks")
     return f"rank {rank}: {name} is {got:g}, expected {expected:g}"
@@ -26,7 +26,7 @@ def _diagnose(name, got, rank, world, expected, local, total, rank0_value, sum_f
 
 def _agreed(name, values, world, expected, locals_, sum_fix):
     problems = [_diagnose(name, got, rank, world, expected, locals_[rank], sum(locals_), values[0], sum_fix)
-                for rank, got in enumerate(values) if not close(got, expected)]
+                for rank, got in enumerate(values) if not agree(got, expected)]
     return Check(f"{name} = {expected:g} on every rank", not problems, "\n      ".join(problems))
 
 
@@ -39,10 +39,10 @@ def checks(run):
     local_loss, local_norm = run.values("local_loss"), run.values("local_grad_norm")
     problems = []
     for rank in range(world):
-        if not close(local_loss[rank], losses[rank]):
+        if not agree(local_loss[rank], losses[rank]):
             problems.append(f"rank {rank}: local_loss became {local_loss[rank]:g} (was {losses[rank]:g}): global_mean or "
                             "gather_all changed its input in place")
-        if not close(local_norm[rank], norms[rank]):
+        if not agree(local_norm[rank], norms[rank]):
             problems.append(f"rank {rank}: local_grad_norm became {local_norm[rank]:g} (was {norms[rank]:g}): "
                             "global_max changed its input in place")
     if problems:
@@ -56,7 +56,7 @@ def checks(run):
 
     problems = []
     for rank, got in enumerate(run.values("all_losses")):
-        if isinstance(got, list) and len(got) == world and all(close(g, e) for g, e in zip(got, losses)):
+        if isinstance(got, list) and len(got) == world and all(agree(g, e) for g, e in zip(got, losses)):
             continue
         if isinstance(got, list) and sorted(got) == sorted(losses):
             problems.append(f"rank {rank}: {got} has every loss but not in rank order (expected {losses})")

@@ -7,11 +7,10 @@ which mistake produced them from the gradients each rank would have on its own b
 import torch
 import torch.nn.functional as F
 
-from ddpcourse.checks import Check
+from ddpcourse.checks import ROUNDING, Check, agree, replica_differences
 from ddpcourse.toy import build_model, make_dataset
 
 NPROCS = (1, 2, 3)
-RTOL, ATOL = 1e-5, 1e-6  # float32: the per-rank means and the full-batch mean round differently
 
 
 def _gradients(seed, x, y):
@@ -36,8 +35,7 @@ def _baseline(config, world, x_all, y_all):
 
 
 def _close(got, expected):
-    got = torch.as_tensor(got, dtype=expected.dtype)
-    return got.shape == expected.shape and torch.allclose(got, expected, rtol=RTOL, atol=ATOL)
+    return agree(got, expected, ROUNDING)  # float32: the per-rank means and the full-batch mean round differently
 
 
 def _max_diff(got, expected):
@@ -98,9 +96,7 @@ def _diagnose_gradients(rank, world, got, expected, locals_, shards_ok):
 def _replicas_check(name, replicas, hint):
     if replicas["identical"]:
         return Check(name, True)
-    lines = [f"{d['kind']} {d['name']}: rank groups {d['groups']}, max |diff| {d['max_abs_diff']:.3g}"
-             for d in replicas["differences"]] + replicas["structure"]
-    return Check(name, False, "the replicas differ: " + "; ".join(lines) + f". {hint}")
+    return Check(name, False, f"the replicas differ: {replica_differences(replicas)}. {hint}")
 
 
 def checks(run):
@@ -159,7 +155,7 @@ def checks(run):
     gaps = [max(_max_diff(h[n], torch.as_tensor(d[n])) for n in d)
             for h, d in zip(run.values("hand_weights"), run.values("ddp_weights"))]
     worst = max(gaps)
-    found.append(Check("DDP and the hand-written version agree", worst <= ATOL + RTOL,
+    found.append(Check("DDP and the hand-written version agree", worst <= ROUNDING,
                        f"max |by hand - DDP| over ranks is {worst:.3g}: the hand-written steps do not do what "
-                       f"DDP does" if worst > ATOL + RTOL else ""))
+                       f"DDP does" if worst > ROUNDING else ""))
     return found

@@ -4,12 +4,11 @@ rank 0's calibration of the output bias reaches every rank.
 The expected calibration is recomputed here from rank 0's validation predictions and the held-out set
 (rebuilt here), so the check does not trust the lab's arithmetic.
 """
-from ddpcourse.checks import Check
+from ddpcourse.checks import ROUNDING, Check, agree, replica_differences
 
 NPROCS = (1, 2, 3)
 NEW_LAYER = "fc2.new."
 VALIDATION_SEED, VALIDATION_SAMPLES = 1, 32  # as in the lab's config block
-TOLERANCE = 1e-5  # float32 arithmetic in the lab, float64 here
 
 
 def _max_change(before, after):
@@ -51,7 +50,7 @@ def _new_layer_same_everywhere(run):
     differed_at_start = any(_max_change(starts[0], other) > 0 for other in starts[1:])
     if not differ and not differed_at_start:
         return Check("the new layer is identical on every rank", True)
-    names = ", ".join(f"{d['name']} (ranks {d['groups']}, max |diff| {d['max_abs_diff']:.3g})" for d in differ)
+    names = replica_differences(replicas, NEW_LAYER)
     when = "right after grow() and after training" if differed_at_start else "after training"
     return Check("the new layer is identical on every rank", False,
                  f"the new layer differs between ranks {when}: {names or 'its starting values'}. DDP averages only "
@@ -66,15 +65,15 @@ def _calibration_reaches_every_rank(run):
     expected = before[0] + shift
     problems = []
     for rank, got in enumerate(after):
-        if abs(got - expected) <= TOLERANCE:
+        if agree(got, expected, ROUNDING):
             continue
-        if rank == 0 and abs(got - before[0]) <= TOLERANCE:
+        if rank == 0 and agree(got, before[0], ROUNDING):
             problems.append(f"rank 0: the output bias is unchanged ({got:.6f}); expected {expected:.6f}: add "
                             "the mean validation error (y_validation - prediction).mean() to it")
-        elif rank == 0 and abs(got - (before[0] - shift)) <= TOLERANCE:
+        elif rank == 0 and agree(got, before[0] - shift, ROUNDING):
             problems.append(f"rank 0: the bias moved by {got - before[0]:+.6f}, expected {shift:+.6f}: the sign "
                             "is reversed; add (y_validation - prediction).mean()")
-        elif rank > 0 and abs(got - before[rank]) <= TOLERANCE and abs(after[0] - expected) <= TOLERANCE:
+        elif rank > 0 and agree(got, before[rank], ROUNDING) and agree(after[0], expected, ROUNDING):
             problems.append(f"rank {rank}: the output bias is still this rank's own {got:.6f}, rank 0 holds the "
                             f"calibrated {expected:.6f}: the edit was made on rank 0 only and never sent. Every "
                             "rank must call dist.broadcast(bias, src=0) after rank 0's edit")
@@ -88,10 +87,8 @@ def _replicas_identical(run):
     replicas = run.values("replicas")[0]
     if replicas["identical"]:
         return Check("all replicas identical after training", True)
-    lines = replicas["structure"] + [f"{d['name']}: ranks {d['groups']}, max |diff| {d['max_abs_diff']:.3g}"
-                                     for d in replicas["differences"]]
     return Check("all replicas identical after training", False,
-                 "the ranks end with different models (the checks above say why): " + "; ".join(lines))
+                 "the ranks end with different models (the checks above say why): " + replica_differences(replicas))
 
 
 def checks(run):
