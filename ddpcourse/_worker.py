@@ -8,15 +8,16 @@ It wraps the script so the launcher can tell a learner precisely what happened (
 - the exception that ended the rank, or its exit code, is recorded with a timestamp, so the launcher
   can name the root-cause rank instead of printing torchrun's wall of text;
 - at the end of the script it records whether the default process group is still open (a lab must call
-  ``dist.destroy_process_group()``); an open group is reported and the interpreter exits normally, a closed
-  one runs the atexit handlers and skips finalization (a torch bug, see _exit_skipping_finalization);
+  ``dist.destroy_process_group()``; the launcher reports an open one), then the interpreter exits normally;
 - a watchdog ends the rank and its children if its parent (torchrun's agent, or the launcher) dies;
-- rank 0 serves init_process_group's store on 127.0.0.1 only (ddpcourse.stores);
+- rank 0's store for init_process_group is torch's own, which listens on every interface for as long as rank 0
+  runs: handing it a loopback socket (``TCPStore(master_listen_fd=...)``, as the agent does for the rendezvous
+  store) made ranks abort at exit in 6 of 24 three-rank runs of solutions/03, against 0 of 18 without it
+  (docs/troubleshooting.md, the macOS firewall row);
 - hooks named in $DDPCOURSE_WORKER_HOOKS ("module:function,...") are called with the script's path before
   it runs: lab 05's check uses ddpcourse.watch_writes to see which ranks write its checkpoints, and how.
 """
 import ast
-import atexit
 import faulthandler
 import importlib
 import os
@@ -27,7 +28,6 @@ import traceback
 
 from ddpcourse.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, RUN_DIR_ENV, STARTED, write_event
 from ddpcourse.processes import watch_parent
-from ddpcourse.stores import serve_store_on_loopback
 from ddpcourse.todos import todo_in_message
 # The write-watching hook's settings, re-exported for the checks that import them from here.
 from ddpcourse.watch_writes import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV  # noqa: F401
@@ -109,25 +109,8 @@ def _process_group_open():
 
 
 def _finished():
-    """Record the end of the script; a rank whose process group is closed then skips finalization."""
-    group_open = _process_group_open()
-    write_event(FINISHED, process_group_open=group_open)
-    if not group_open:
-        _exit_skipping_finalization()
-
-
-def _exit_skipping_finalization():
-    """Run the atexit handlers, flush, and end without the interpreter's finalization.
-
-    Only after a correct ``destroy_process_group()`` (a group left open is reported and the interpreter
-    exits normally). Why: torch 2.13's destructors of gloo/DDP objects at finalization now and then crash a
-    rank whose work is done (seen in this course's suite: SIGSEGV at exit of solutions/03 on 3 ranks, 1 run in
-    3). No minimal reproducer or torch issue is linked yet: remove this once one shows it is gone.
-    """
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    """Record the end of the script and whether the default process group is still open."""
+    write_event(FINISHED, process_group_open=_process_group_open())
 
 
 def main():
@@ -142,13 +125,9 @@ def main():
     write_event(STARTED, local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
     if restart:  # the same log continues: mark where the new attempt begins
         print(f"--- torchrun restarted this rank (restart {restart}) ---", flush=True)
-    store = None  # noqa: F841 - kept referenced while the script runs
     if _imports_torch(lab_file):
         import torch  # noqa: F401 - the script's own import is then instant
         import torch.distributed  # noqa: F401
-        if rank == 0 and os.environ.get("MASTER_PORT") and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-            # init_process_group's store (rank 0 serves it) on loopback, not on every interface
-            store, _ = serve_store_on_loopback(int(os.environ["MASTER_PORT"]))
     _run_hooks(lab_file)
     sys.argv = [lab_file] + sys.argv[2:]
     sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would

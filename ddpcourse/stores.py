@@ -1,10 +1,10 @@
-"""Keep a run's TCP stores on the loopback interface.
+"""Keep the agent's rendezvous store on the loopback interface.
 
 A TCPStore server listens on every interface by default; torch lets its creator hand it a socket that is
 already listening instead (``master_listen_fd``), and a later ``TCPStore(..., multi_tenant=True)`` on the
-same port in the same process reuses that server. torch creates both of a run's stores that way
-(torchrun's c10d rendezvous store, rank 0's store for ``init_process_group``), so the agent and rank 0
-create them first, bound to 127.0.0.1, and torch then uses those.
+same port in the same process reuses that server. torchrun's c10d rendezvous store is created that way, so
+the agent creates it first, bound to 127.0.0.1, and torch then uses it. Rank 0's store for
+``init_process_group`` is left to torch (see ddpcourse._worker: doing the same there made ranks abort at exit).
 """
 import socket
 from datetime import timedelta
