@@ -12,8 +12,8 @@ It wraps the script so the launcher can tell a learner precisely what happened (
 - a watchdog ends the rank and its children if its parent (torchrun's agent, or the launcher) dies;
 - rank 0's store for init_process_group is torch's own, which listens on every interface for as long as rank 0
   runs: handing it a loopback socket (``TCPStore(master_listen_fd=...)``, as the agent does for the rendezvous
-  store) made ranks abort at exit in 6 of 24 three-rank runs of solutions/03, against 0 of 18 without it
-  (docs/troubleshooting.md, the macOS firewall row);
+  store) made ranks abort at exit in 6 of 24 three-rank runs of solutions/03, against 0 of 6 without it and
+  0 of 20 under plain torchrun (docs/troubleshooting.md, the macOS firewall row);
 - hooks named in $DDPCOURSE_WORKER_HOOKS ("module:function,...") are called with the script's path before
   it runs: lab 05's check uses ddpcourse.watch_writes to see which ranks write its checkpoints, and how.
 """
