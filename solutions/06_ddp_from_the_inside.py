@@ -226,31 +226,34 @@ def tied_names(model):
 
 
 def train_against_torch(rank, world_size, log, bucket_cap_mb):
-    """STEPS steps of BucketedDDP and of torch's DDP from the same start on the same data."""
+    """STEPS steps of BucketedDDP, then of torch's DDP, from the same start on the same data."""
     model = build(rank)
     log.watch(model)
     ours = BucketedDDP(model, bucket_cap_mb=bucket_cap_mb)
     after_wrap = flat_state(model)
     frozen_at_start = model.frozen.weight.detach().clone()
-    theirs = nn.parallel.DistributedDataParallel(build(rank), bucket_cap_mb=bucket_cap_mb)
-    ours_opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    theirs_opt = torch.optim.SGD(theirs.parameters(), lr=LEARNING_RATE)
-    events, first_grads = [], None
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    events, first_grads = [], {}
     for step in range(STEPS):
         x, y = batch(step, rank)
-        ours_opt.zero_grad()
+        optimizer.zero_grad()
         log.recording = True
         F.mse_loss(ours(x), y).backward()
         log.events.append(("backward returned", -1, 0))
         ours.finish_gradient_synchronization()
         log.recording = False
         events.append(log.take())
-        theirs_opt.zero_grad()
+        first_grads.setdefault("ours", flat_grads(model))
+        optimizer.step()
+
+    theirs = nn.parallel.DistributedDataParallel(build(rank), bucket_cap_mb=bucket_cap_mb)
+    optimizer = torch.optim.SGD(theirs.parameters(), lr=LEARNING_RATE)
+    for step in range(STEPS):
+        x, y = batch(step, rank)
+        optimizer.zero_grad()
         F.mse_loss(theirs(x), y).backward()
-        if step == 0:
-            first_grads = {"ours": flat_grads(model), "torch": flat_grads(theirs.module)}
-        ours_opt.step()
-        theirs_opt.step()
+        first_grads.setdefault("torch", flat_grads(theirs.module))
+        optimizer.step()
     return {"after_wrap": after_wrap, "ours": flat_state(model), "torch": flat_state(theirs.module),
             "first_grads": first_grads, "events": events, "layout": layout(model), "cap_mb": bucket_cap_mb,
             "frozen_grad_is_none": model.frozen.weight.grad is None,

@@ -116,7 +116,10 @@ def _overlap_check(scenario):
     for step, events in enumerate(scenario["events"], start=1):
         grads = [i for i, e in enumerate(events) if e[0] == "grad"]
         launches = {e[1]: i for i, e in enumerate(events) if e[0] == "launch"}
-        done = {e[1]: i for i, e in enumerate(events) if e[0] == "done"}
+        done = {}
+        for i, e in enumerate(events):
+            if e[0] == "done":
+                done.setdefault(e[1], i)  # the first wait ends it (a second wait is a no-op)
         if not grads or not launches:
             problems.append(f"step {step}: no all_reduce was logged while training")
             break
@@ -139,12 +142,13 @@ def _overlap_check(scenario):
 
 def explain_failure(run):
     text = run.message
-    if "'NoneType' object has no attribute" in text or "must be a Tensor" in text and "NoneType" in text:
+    if "'NoneType' object has no attribute 'wait'" in text:
+        return ("a bucket was never all-reduced: its count of pending gradients never reached 0. Is a parameter "
+                "counted twice, or in two buckets? A weight shared by two layers (tied) is one tensor with one "
+                "gradient: model.parameters() lists it once; walking the layers lists it twice")
+    if "'NoneType' object has no attribute" in text:
         return ("a gradient was still None when its bucket was flattened: the bucket was launched before all its "
                 "gradients were ready; launch it when its count of pending gradients reaches 0")
-    if "pending" in text or "self.works" in text or "'NoneType' object" in text:
-        return ("a bucket was never launched or launched twice: count each parameter's gradient once, launch at 0, "
-                "and reset the counts after finish_gradient_synchronization()")
     return ""
 
 
