@@ -12,6 +12,9 @@ os.environ["DDPCOURSE_LAB_SOURCE"] = "solutions"
 # passing verdicts of tests/test_checks.py (see ddpcourse.checks.CACHE_ENV).
 os.environ["DDPCOURSE_CHECK_CACHE"] = tempfile.mkdtemp(prefix="ddpcourse-check-cache-")
 
+# clean/ holds the learners' copies: no outputs to compare, and a learner's saved run must not become a test.
+collect_ignore = ["clean"]
+
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(os.environ["DDPCOURSE_CHECK_CACHE"], ignore_errors=True)

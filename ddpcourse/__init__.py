@@ -1,21 +1,45 @@
 """Helpers for the ddpcourse notebooks and labs.
 
-Notebook side (no torch import, cheap): ``run_lab``, ``check_lab``, ``doctor``, ``predict``.
+Notebook side: ``run_lab``, ``check_lab``, ``hint``, ``doctor``, ``predict``, ``setup_notebook`` (the
+first code cell of every notebook). Importing ddpcourse and
+``run_lab`` never import torch (every rank of a launch already pays for that); the checks of labs 01
+and 02 and the doctor do, to compute their expected values.
 Lab side (imports torch when first used): ``init_distributed``, ``report``, ``compare_replicas``.
 Each helper's module docstring names the notebook that introduces it.
 """
 from ddpcourse.reporting import report
 
-__all__ = ["run_lab", "check_lab", "report", "init_distributed", "compare_replicas", "doctor", "predict"]
+__all__ = ["run_lab", "check_lab", "hint", "report", "init_distributed", "compare_replicas", "doctor", "predict",
+           "setup_notebook"]
 
 
 def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_args=(), nnodes=1):
-    """Run a lab (a number such as "00", or a path) on ``nproc`` local processes. See ddpcourse.launcher.run."""
-    from ddpcourse.launcher import DEFAULT_TIMEOUT, run
-    from ddpcourse.paths import resolve_lab
+    """Run a lab (a number such as "00", or a path) on ``nproc`` local processes. See ddpcourse.launcher.run.
 
-    return run(resolve_lab(lab), nproc=nproc, args=args, timeout=timeout or DEFAULT_TIMEOUT, show=show, env=env,
+    A lab still exactly as make-labs generated it is not launched: its TODO status is printed instead
+    and the result has ``ok`` and ``launched`` False. A failed run prints its diagnosis; nothing raises.
+    """
+    from ddpcourse.launcher import DEFAULT_TIMEOUT, RunResult, run
+    from ddpcourse.paths import resolve_lab
+    from ddpcourse.todos import todo_status
+
+    path = resolve_lab(lab)
+    untouched = todo_status(path)
+    if untouched.generated and untouched.todos:
+        message = untouched.describe()
+        if show != "none":
+            print(message, flush=True)
+        return RunResult(file=str(path), nproc=nproc, returncode=1, duration=0.0, nnodes=nnodes,
+                         message=message, launched=False)
+    return run(path, nproc=nproc, args=args, timeout=timeout or DEFAULT_TIMEOUT, show=show, env=env,
                torchrun_args=torchrun_args, nnodes=nnodes)
+
+
+def hint(lab, todo=None):
+    """Show the next hint level of the lab's next open TODO (or of TODO ``todo``). See ddpcourse.todos."""
+    from ddpcourse.todos import reveal_hint
+
+    print(reveal_hint(lab, todo))
 
 
 def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipywidgets
@@ -25,10 +49,13 @@ def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipy
     if name in ("init_distributed", "compare_replicas"):
         from ddpcourse import lab
         return getattr(lab, name)
-    if name == "doctor":
-        from ddpcourse.checkup import doctor
-        return doctor
+    if name == "doctor":  # the module, callable: doctor() runs it
+        import importlib
+        return importlib.import_module("ddpcourse.doctor")
     if name == "predict":
         from ddpcourse.quiz import predict
         return predict
+    if name == "setup_notebook":
+        from ddpcourse.notebooks import setup_notebook
+        return setup_notebook
     raise AttributeError(f"module 'ddpcourse' has no attribute {name!r}")

@@ -1,6 +1,9 @@
-"""Command line: python -m ddpcourse {run,check,status,reset,make-labs,doctor} ... (see README.md)."""
+"""Command line: python -m ddpcourse {run,check,status,hint,reset,cleanup,make-labs,doctor} ... (see README.md).
+The console script ``ddpcourse`` (pyproject.toml) is the same command."""
 import argparse
 import sys
+
+from ddpcourse.launcher import DEFAULT_TIMEOUT
 
 RUN_EXAMPLE = """examples:
   python -m ddpcourse run labs/00_first_collectives.py --nproc 3
@@ -18,7 +21,7 @@ def main(argv=None):
                          epilog=RUN_EXAMPLE, formatter_class=type("Formatter", (defaults, argparse.RawDescriptionHelpFormatter), {}))
     run.add_argument("file")
     run.add_argument("--nproc", type=int, default=2, help="processes (ranks) per node")
-    run.add_argument("--timeout", type=float, default=60.0, help="seconds before every rank is stopped")
+    run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before every rank is stopped")
     run.add_argument("--rank0", action="store_true", help="show only rank 0's output")
     run.add_argument("--nnodes", type=int, default=1, help="torchrun agents ('nodes') on this machine, each --nproc ranks")
     run.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts every rank up to this many times")
@@ -26,21 +29,41 @@ def main(argv=None):
     check = sub.add_parser("check", help="run a lab and check its results", formatter_class=defaults)
     check.add_argument("file", help="a lab file (labs/, solutions/ or your own copy), or its number")
     check.add_argument("--nproc", type=int, default=None, help="one world size instead of the lab's list")
-    check.add_argument("--timeout", type=float, default=60.0, help="seconds each run may take before it is stopped")
+    check.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                       help="seconds each run may take before it is stopped")
 
     status = sub.add_parser("status", help="one table of every lab: not started / TODOs open / check fails / passes",
                             description="Labs whose TODOs are all done are checked once, on 2 ranks; "
                                         "`check` is the full verdict.")
     status.add_argument("--labs", default=None, help="the labs folder to look at (default: the course's labs/)")
-    status.add_argument("--timeout", type=float, default=60.0, help="seconds each check run may take (default: 60)")
+    status.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                        help=f"seconds each check run may take (default: {DEFAULT_TIMEOUT:g})")
+
+    hint = sub.add_parser("hint", help="the next hint of a lab's next open TODO (or of TODO k), one level at a time",
+                          description="Level 1 is the idea (the TODO's comment), 2 the calls to use, "
+                                      "3 where in solutions/ to look. The level reached is remembered per TODO.")
+    hint.add_argument("lab", help="the lab's number, e.g. 00, or a lab file")
+    hint.add_argument("todo", nargs="?", type=int, default=None, help="the TODO number (default: the first open one)")
 
     reset = sub.add_parser("reset", help="restore labs/NN_*.py to its generated state, saving your version beside it",
                            description="Your version is kept as labs/NN_name.saved-YYYYmmdd-HHMMSS.py.")
     reset.add_argument("lab", help="the lab's number, e.g. 03")
     reset.add_argument("--labs", default=None, help="the labs folder (default: the course's labs/)")
 
+    cleanup = sub.add_parser("cleanup", help="end this user's left-over course runs (their notebook or terminal is gone)",
+                             description="Finds the processes of course runs (ddpcourse run, run_lab, check) whose "
+                                         "launcher is gone, ends them and lists what it ended.")
+    cleanup.add_argument("--all", action="store_true", help="also end runs whose launcher still waits for them")
+
     make = sub.add_parser("make-labs", help="generate labs/ from solutions/ (course authors)")
     make.add_argument("--check", action="store_true", help="change nothing; exit 1 if labs/ is stale")
+
+    clean = sub.add_parser("make-clean", help="generate clean/ (learner copies, no outputs) from notebooks/")
+    clean.add_argument("--check", action="store_true", help="change nothing; exit 1 if clean/ is stale")
+
+    execute = sub.add_parser("execute", help="re-execute notebooks in place against solutions/, save them without "
+                                             "widget state or timing metadata, regenerate their clean copies")
+    execute.add_argument("notebooks", nargs="+", help="e.g. notebooks/00_start_here.ipynb")
 
     sub.add_parser("doctor", help="check this machine and environment for the course")
 
@@ -61,7 +84,20 @@ def main(argv=None):
         return 0 if result.ok else (124 if result.timed_out else 1)
     if options.command == "check":
         from ddpcourse.checks import check_lab
-        return 0 if check_lab(options.file, nproc=options.nproc, timeout=options.timeout).passed else 1
+        try:
+            report = check_lab(options.file, nproc=options.nproc, timeout=options.timeout)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"check: {exc}", file=sys.stderr)
+            return 2
+        return 0 if report.passed else 1
+    if options.command == "hint":
+        from ddpcourse.todos import reveal_hint
+        try:
+            print(reveal_hint(options.lab, options.todo))
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"hint: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if options.command == "status":
         from ddpcourse.progress import status as show_status
         try:
@@ -72,12 +108,23 @@ def main(argv=None):
     if options.command == "reset":
         from ddpcourse.progress import main_reset
         return main_reset(options.lab, options.labs)
+    if options.command == "cleanup":
+        from ddpcourse.processes import end_leftover_runs
+        end_leftover_runs(include_active=options.all)
+        return 0
     if options.command == "make-labs":
         from ddpcourse.makelabs import make_labs
         stale = make_labs(check=options.check)
         return 1 if (options.check and stale) else 0
+    if options.command == "make-clean":
+        from ddpcourse.notebooks import make_clean
+        stale = make_clean(check=options.check)
+        return 1 if (options.check and stale) else 0
+    if options.command == "execute":
+        from ddpcourse.notebooks import execute
+        return 0 if execute(options.notebooks) else 1
     if options.command == "doctor":
-        from ddpcourse.checkup import doctor
+        from ddpcourse.doctor import doctor
         return 0 if doctor().ok else 1
     return 2
 

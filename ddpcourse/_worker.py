@@ -1,29 +1,40 @@
 """What each rank runs under the launcher: ``python -m ddpcourse._worker FILE ARGS...``.
 
-It wraps the lab so the launcher can tell a learner precisely what happened:
+It wraps the script so the launcher can tell a learner precisely what happened (ddpcourse.events):
 - the rank's stdout and stderr go, in order, to one log file per rank (the launcher tags and streams it);
 - ``faulthandler`` dumps every thread's Python stack to a file on SIGUSR1 (used at a timeout);
+- torch is imported *before* the "ready" event when the script imports it, so the launcher's timeout
+  measures the script, not the imports;
 - the exception that ended the rank, or its exit code, is recorded with a timestamp, so the launcher
-  can name the root-cause rank instead of printing torchrun's wall of text.
-Nothing here imports torch; the lab does that itself.
+  can name the root-cause rank instead of printing torchrun's wall of text;
+- at the end of the script it records whether the default process group is still open (a lab must call
+  ``dist.destroy_process_group()``), then the interpreter exits normally (atexit handlers, flushed files);
+- a watchdog ends the rank and its children if its parent (torchrun's agent, or the launcher) dies;
+- hooks named in $DDPCOURSE_WORKER_HOOKS ("module:function,...") are called with the script's path before
+  it runs: a check uses one to watch what the script does (see WATCH_WRITES_ENV).
 """
+import ast
 import faulthandler
 import hashlib
+import importlib
 import os
-import re
 import runpy
 import signal
 import sys
 import time
 import traceback
 
-from ddpcourse.reporting import RUN_DIR_ENV, write_event
+from ddpcourse.events import (EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, REPORT, RUN_DIR_ENV, STARTED, WROTE,
+                              write_event)
+from ddpcourse.processes import watch_parent
+from ddpcourse.todos import todo_in_message
+
+HOOKS_ENV = "DDPCOURSE_WORKER_HOOKS"  # "module:function,...": each is called with the script's path first
 
 WATCH_WRITES_ENV = "DDPCOURSE_WATCH_WRITES"  # set by a check: report files written under this folder
 WATCH_RETURNS_ENV = "DDPCOURSE_WATCH_RETURNS"  # lab functions (comma-separated) whose returns are logged
 WATCH_LOG_KEY = "_watched_folder_log"  # the report value that holds what happened in the watched folder
 WATCH_DELAY_ENV = "DDPCOURSE_WATCH_DELAY"  # seconds each torch.save into the watched folder waits first
-TODO_PATTERN = re.compile(r"^TODO (\d+)\b:?\s*(.*)", re.S)
 
 
 def _redirect_output(run_dir, rank):
@@ -55,11 +66,11 @@ def _record_exception(exc, lab_file):
     lab_lines = [f for f in frames if os.path.abspath(f.filename) == lab_file]
     if lab_lines:
         fields["lab_line"] = lab_lines[-1].lineno
-    todo = TODO_PATTERN.match(str(exc)) if isinstance(exc, NotImplementedError) else None
+    todo = todo_in_message(str(exc)) if isinstance(exc, NotImplementedError) else None
     if todo:
-        fields["todo"] = {"number": int(todo.group(1)), "hint": todo.group(2).strip()}
+        fields["todo"] = {"number": todo[0], "hint": todo[1]}
     # Not printed here: the launcher prints the root-cause rank's traceback once, not once per rank.
-    write_event("exception", **fields)
+    write_event(EXCEPTION, **fields)
 
 
 def _watch_writes(folder, lab_file):
@@ -77,11 +88,11 @@ def _watch_writes(folder, lab_file):
             mode = args[1] if len(args) > 1 and isinstance(args[1], str) else "r"
             path = os.path.abspath(os.fsdecode(args[0]))
             if path.startswith(folder) and any(flag in mode for flag in "wax+"):
-                write_event("wrote", path=path)
+                write_event(WROTE, path=path)
         elif event == "os.rename" and len(args) >= 2:
             path = os.path.abspath(os.fsdecode(args[1]))
             if path.startswith(folder):
-                write_event("wrote", path=path)
+                write_event(WROTE, path=path)
 
     sys.addaudithook(hook)
     # torch.save(obj, "path") writes from C++, unseen by the audit hook: wrap it (this mode is for checks,
@@ -93,7 +104,7 @@ def _watch_writes(folder, lab_file):
 
     def note(**entry):
         log.append(entry)
-        write_event("report", values={WATCH_LOG_KEY: log})
+        write_event(REPORT, values={WATCH_LOG_KEY: log})
 
     def watched(target):
         """`target`'s path relative to the folder (a path or an open file's name), or None if outside."""
@@ -109,7 +120,7 @@ def _watch_writes(folder, lab_file):
     def save(obj, f, *args, **kwargs):
         name = watched(f)
         if name is not None and isinstance(f, (str, bytes, os.PathLike)):
-            write_event("wrote", path=os.path.join(folder, name))
+            write_event(WROTE, path=os.path.join(folder, name))
         if name is not None:
             # A slow write: a rank that does not wait for it (no barrier) returns from the save before the
             # file exists every time, instead of only when it happens to be faster than the writer.
@@ -164,6 +175,39 @@ def _watch_writes(folder, lab_file):
         sys.setprofile(profile)
 
 
+def _imports_torch(lab_file):
+    """Whether the script imports torch (directly, or through the course's lab helpers)."""
+    try:
+        with open(lab_file, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.split(".")[0] == "torch" or node.module in ("ddpcourse.lab", "ddpcourse.toy"):
+                return True
+            if node.module == "ddpcourse" and any(a.name in ("init_distributed", "compare_replicas") for a in node.names):
+                return True
+    return False
+
+
+def _run_hooks(lab_file):
+    for spec in filter(None, os.environ.get(HOOKS_ENV, "").split(",")):
+        module, _, function = spec.strip().partition(":")
+        getattr(importlib.import_module(module), function)(lab_file)
+
+
+def _process_group_open():
+    distributed = sys.modules.get("torch.distributed")
+    return bool(distributed and distributed.is_available() and distributed.is_initialized())
+
+
+def _finished():
+    write_event(FINISHED, process_group_open=_process_group_open())
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit("usage: python -m ddpcourse._worker FILE [ARGS...]")
@@ -171,44 +215,36 @@ def main():
     run_dir = os.environ[RUN_DIR_ENV]
     rank = int(os.environ.get("RANK", "0"))
     _redirect_output(run_dir, rank)
+    watch_parent()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    write_event("started", local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
+    write_event(STARTED, local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
     if restart:  # the same log continues: mark where the new attempt begins
         print(f"--- torchrun restarted this rank (restart {restart}) ---", flush=True)
+    if _imports_torch(lab_file):
+        import torch  # noqa: F401 - the script's own import is then instant
+        import torch.distributed  # noqa: F401
     if os.environ.get(WATCH_WRITES_ENV):
         _watch_writes(os.environ[WATCH_WRITES_ENV], lab_file)
+    _run_hooks(lab_file)
     sys.argv = [lab_file] + sys.argv[2:]
     sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would
+    write_event(READY)
     try:
         runpy.run_path(lab_file, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
         if code in (None, 0):
-            write_event("finished")
-            _exit_now()
+            _finished()
         else:
-            write_event("exit", code=code if isinstance(code, int) else 1, message=str(code))
+            write_event(EXIT, code=code if isinstance(code, int) else 1, message=str(code))
         raise
     except KeyboardInterrupt:
-        write_event("interrupted")
+        write_event(INTERRUPTED)
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, then the rank fails as it would have
         _record_exception(exc, lab_file)
         sys.exit(1)
-    write_event("finished")
-    _exit_now()
-
-
-def _exit_now():
-    """End a rank whose script finished, skipping the interpreter's teardown.
-
-    The script's work is done and its output is flushed here. What teardown would add is torch's
-    process-group and DDP destructors, which now and then abort (SIGABRT) after a correct run on gloo:
-    a failure that belongs to no line of the lab.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _finished()
 
 
 if __name__ == "__main__":

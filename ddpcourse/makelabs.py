@@ -1,70 +1,36 @@
 """Generate the learner labs from the solutions: ``python -m ddpcourse make-labs [--check]``.
 
 Introduced in notebooks/00_start_here.ipynb ("How the labs are made"). ``solutions/NN_name.py`` is the
-only source. Each region
-
-    ### BEGIN SOLUTION
-    ### HINT: what to do, in one line (optional, may repeat)
-    ...the answer...
-    ### END SOLUTION
-
-becomes, at the same indentation,
-
-    # TODO k: what to do
-    raise NotImplementedError("TODO k: what to do")
-
-numbered from 1 in file order, under a banner. ``--check`` changes nothing and exits 1 when labs/ is
-stale, so a test catches a solution edited without regenerating.
+only source: each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes a numbered TODO whose
+comment shows hint level 1 (the format is ddpcourse.todos'), under a banner. ``--check`` changes nothing
+and exits 1 when labs/ is stale, so a test catches a solution edited without regenerating.
 """
-import re
 import sys
 from pathlib import Path
 
-from ddpcourse.paths import COURSE_ROOT, lab_files
+from ddpcourse.paths import COURSE_ROOT, lab_files, lab_number
+from ddpcourse.todos import BEGIN, END, MarkerError, Region, parse_regions, todo_lines
 
-BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
+__all__ = ["BEGIN", "END", "MarkerError", "make_lab", "make_labs", "expected_labs"]
+
 BANNER = """\
 # =====================================================================================================
 # Lab {number}, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/{name}
+# Stuck on a TODO? `python -m ddpcourse hint {number}` shows the next hint, one level at a time.
 # Generated from solutions/{name} by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """
 
 
-class MarkerError(ValueError):
-    pass
-
-
 def make_lab(source, name):
     """The learner text for one solution file's text."""
-    out, todo, region = [], 0, None  # region: (indent, hints, start line) while inside one
-    for lineno, line in enumerate(source.splitlines(keepends=True), start=1):
-        stripped = line.strip()
-        if stripped.startswith(BEGIN):
-            if region is not None:
-                raise MarkerError(f"{name}:{lineno}: {BEGIN} inside another solution region")
-            region = (line[: len(line) - len(line.lstrip())], [], lineno)
-        elif stripped.startswith(END):
-            if region is None:
-                raise MarkerError(f"{name}:{lineno}: {END} without {BEGIN}")
-            indent, hints, _ = region
-            todo += 1
-            hint = " ".join(hints) or "complete this step"
-            out.append(f"{indent}# TODO {todo}: {hint}\n")
-            out.append(f"{indent}raise NotImplementedError({f'TODO {todo}: {hint}'!r})\n")
-            region = None
-        elif region is not None:
-            if stripped.startswith(HINT):
-                region[1].append(stripped[len(HINT):].strip())
-        else:
-            out.append(line)
-    if region is not None:
-        raise MarkerError(f"{name}:{region[2]}: {BEGIN} is never closed")
-    if todo == 0:
+    regions, pieces = parse_regions(source, name)
+    if not regions:
         raise MarkerError(f"{name}: no {BEGIN} region, so the lab would have nothing to do")
-    number = re.match(r"(\d+)", name).group(1) if re.match(r"\d", name) else "?"
-    return BANNER.format(number=number, name=name) + "".join(out)
+    body = "".join(todo_lines(p.number, p.hint(1, name), p.indent) if isinstance(p, Region) else p
+                   for p in pieces)
+    return BANNER.format(number=lab_number(name) or "?", name=name) + body
 
 
 def expected_labs(solutions_dir):

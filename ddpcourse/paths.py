@@ -26,24 +26,47 @@ def lab_folder():
 
 
 def resolve_lab(lab):
-    """A path to an existing file, or a lab number such as "00" / "00_first_collectives"."""
+    """A lab file: a path to an existing file, or a lab number such as "00" / "00_first_collectives"
+    (looked up in lab_folder()). A path that does not exist is an error, never another lab."""
     path = Path(lab)
-    if path.suffix == ".py" and path.exists():
+    if path.suffix == ".py" or len(path.parts) > 1:
+        if not path.is_file():
+            raise FileNotFoundError(f"no such file: {lab}")
         return path.resolve()
-    number = str(lab)[:2]
-    if not number.isdigit():
-        raise FileNotFoundError(f"no such file: {lab}")
+    number = lab_number(f"{lab}.py") or (str(lab) if re.fullmatch(r"\d\d", str(lab)) else None)
+    if number is None:
+        raise FileNotFoundError(f"{lab!r} is neither a file nor a lab number such as \"00\"")
     folder = lab_folder()
     matches = [path for path in lab_files(folder) if path.name.startswith(f"{number}_")]
     if not matches:
         raise FileNotFoundError(f"no lab {number} in {display_path(folder)}/")
+    if path.name != number and matches[0].stem != path.name:
+        raise FileNotFoundError(f"lab {number} is {matches[0].stem}, not {lab}")
     return matches[0]
 
 
 def lab_number(path):
-    """The two-digit lab number from a file name like 00_first_collectives.py (or a copy of it)."""
+    """The lab's identity: the two-digit number a file name starts with ("00" for 00_first_collectives.py
+    or a copy of it anywhere), None for a file that is no lab."""
     match = re.match(r"^(\d\d)_", Path(path).name)
     return match.group(1) if match else None
+
+
+def solution_of(lab):
+    """solutions/NN_name.py of a lab file (or number), or None when the course has no such lab."""
+    number = lab_number(lab) or (str(lab) if re.fullmatch(r"\d\d", str(lab)) else None)
+    found = [path for path in lab_files(COURSE_ROOT / "solutions") if path.name.startswith(f"{number}_")]
+    return found[0] if number and found else None
+
+
+def compile_error(path):
+    """The SyntaxError (or ValueError, e.g. a null byte) that keeps ``path`` from compiling, else None.
+    The one syntax check: the launcher runs it before starting N interpreters, status before a check."""
+    try:
+        compile(Path(path).read_bytes(), str(path), "exec")
+    except (SyntaxError, ValueError) as exc:
+        return exc
+    return None
 
 
 def display_path(path):

@@ -8,7 +8,8 @@ self-study"). In a notebook: ``from ddpcourse.progress import status; status()``
 
 - ``not started``: the file is still exactly what ``make-labs`` generated (nothing is launched);
 - ``TODOs open``: some ``raise NotImplementedError("TODO k ...")`` lines are still there (found by
-  reading the file, nothing is launched), with their numbers;
+  reading the file, nothing is launched), with their numbers and the next one's hint at the level the
+  learner has revealed (``python -m ddpcourse hint NN``);
 - ``does not compile``: a syntax error (its line), plus the TODOs still open;
 - ``check fails`` / ``passes``: every TODO is done, so the lab's check runs, once, on 2 ranks
   (a launch costs seconds; ``python -m ddpcourse check FILE`` is the full verdict, on every world size);
@@ -23,14 +24,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from ddpcourse.paths import COURSE_ROOT, display_path, lab_files
+from ddpcourse.launcher import DEFAULT_TIMEOUT
+from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files
+from ddpcourse.todos import open_todos, same_text, todo_status
 
 STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
-STATUS_TIMEOUT = 60.0
 NOT_STARTED, TODOS_OPEN, NO_COMPILE, CHECK_FAILS, PASSES, MISSING = (
     "not started", "TODOs open", "does not compile", "check fails", "passes", "missing")
-# The line make-labs writes for TODO k (repr() quotes with ' unless the hint holds a ').
-OPEN_TODO = re.compile(r"""^\s*raise\s+NotImplementedError\(\s*(['"])TODO (\d+)\b:?\s*(.*?)\1\s*\)""")
 
 
 class UnknownLab(ValueError):
@@ -82,35 +82,11 @@ def generated_text(solution):
     return make_lab(Path(solution).read_text(encoding="utf-8"), Path(solution).name)
 
 
-def open_todos(text):
-    """[(k, hint), ...] for every ``raise NotImplementedError("TODO k: hint")`` line still in ``text``."""
-    found = []
-    for line in text.splitlines():
-        match = OPEN_TODO.match(line)
-        if match:
-            found.append((int(match.group(2)), match.group(3).strip()))
-    return found
+def _todo_list(numbers):
+    return ", ".join(map(str, numbers))
 
 
-def _syntax_error(text, path):
-    try:
-        compile(text, str(path), "exec")
-    except SyntaxError as exc:
-        return f"line {exc.lineno}: {exc.msg}"
-    except ValueError as exc:  # e.g. a null byte
-        return str(exc)
-    return None
-
-
-def _normalized(text):
-    return text.replace("\r\n", "\n")  # an editor on Windows may have rewritten the line endings
-
-
-def _todo_list(todos):
-    return ", ".join(str(k) for k, _ in todos)
-
-
-def lab_status(path, solution, nproc=STATUS_NPROC, timeout=STATUS_TIMEOUT, say=print):
+def lab_status(path, solution, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=print):
     """The LabStatus of the learner file ``path`` whose source is ``solution``. Launches only when the
     file compiles and has no open TODO."""
     path, solution = Path(path), Path(solution)
@@ -118,43 +94,42 @@ def lab_status(path, solution, nproc=STATUS_NPROC, timeout=STATUS_TIMEOUT, say=p
     if not path.exists():
         row.detail = f"no {display_path(path)}: `python -m ddpcourse reset {row.number}` brings it back"
         return row
-    text = path.read_text(encoding="utf-8", errors="replace")
-    generated = generated_text(solution)
-    todos = open_todos(text)
-    row.todos = [k for k, _ in todos]
-    if _normalized(text) == _normalized(generated):
-        row.state, row.detail = NOT_STARTED, f"{len(todos)} TODOs: start with TODO {todos[0][0]}" if todos else ""
+    todos = todo_status(path)
+    row.todos = todos.numbers
+    if todos.generated:
+        row.state, row.detail = NOT_STARTED, f"{len(row.todos)} TODOs: start with TODO {row.todos[0]}" if row.todos else ""
         return row
-    syntax = _syntax_error(text, path)
+    syntax = compile_error(path)
     if syntax:
         row.state = NO_COMPILE
-        row.detail = syntax + (f"; TODOs still open: {_todo_list(todos)}" if todos else "")
+        where = f"line {syntax.lineno}: {syntax.msg}" if isinstance(syntax, SyntaxError) else str(syntax)
+        row.detail = where + (f"; TODOs still open: {_todo_list(row.todos)}" if row.todos else "")
         return row
-    if todos:
-        first, hint = todos[0]
+    if row.todos:
+        first, hint, _ = todos.todos[0]
         row.state = TODOS_OPEN
-        row.detail = f"open: TODO {_todo_list(todos)}; next: TODO {first}: {hint}"
+        row.detail = f"open: TODO {_todo_list(row.todos)}; next: TODO {first}: {hint}"
         return row
     from ddpcourse.checks import check_lab
 
     say(f"... checking {display_path(path)} on {nproc} ranks (at most {timeout:g} s per run)")
     report = check_lab(path, nproc=nproc, timeout=timeout, quiet=True)
-    row.launched = True
+    row.launched = report.launched
     if report.passed:
         row.state, row.detail = PASSES, f"all {len(report.results)} checks pass on {nproc} ranks"
         return row
     row.state = CHECK_FAILS
-    prefix = f"nproc={nproc}: "
-    row.failed_checks = [c.name[len(prefix):] if c.name.startswith(prefix) else c.name for c in report.failures]
-    first = next((line.strip() for line in report.failures[0].detail.splitlines() if line.strip()), "")
-    if row.failed_checks[0].startswith("the lab runs to the end"):  # the launcher's one-line verdict says it all
-        row.detail = "the lab does not run to the end: " + first.removeprefix("FAILED: ")
+    row.failed_checks = [c.claim for c in report.failures]
+    failure = report.run_failure
+    if failure is not None:  # the launcher's structured verdict says it all
+        row.detail = "the lab does not run to the end: " + failure.message
     else:
+        first = next((line.strip() for line in report.failures[0].detail.splitlines() if line.strip()), "")
         row.detail = "failed: " + "; ".join(row.failed_checks) + (f" ({first})" if first else "")
     return row
 
 
-def collect_status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=STATUS_TIMEOUT, say=print):
+def collect_status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=print):
     labs_dir = Path(labs or COURSE_ROOT / "labs")
     report = StatusReport(labs_dir, nproc=nproc)
     for number, solution in solution_files(solutions).items():
@@ -177,7 +152,7 @@ def format_status(report, width=160):
     return "\n".join(lines)
 
 
-def status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=STATUS_TIMEOUT):
+def status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT):
     """Print the table of every lab in ``labs`` (default: the course's labs/); return the StatusReport."""
     report = collect_status(labs, solutions, nproc, timeout, say=lambda text: print(text, flush=True))
     print(format_status(report), flush=True)
@@ -222,7 +197,7 @@ def reset(lab, labs=None, solutions=None, now=None):
     shown = display_path(target)
     if target.exists():
         mine = target.read_text(encoding="utf-8", errors="replace")
-        if _normalized(mine) == _normalized(text):
+        if same_text(mine, text):
             result.changed = False
             result.message = f"{shown} is already in its generated state: nothing saved, nothing changed."
             return result

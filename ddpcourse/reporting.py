@@ -6,11 +6,7 @@ parsing printed text. Outside the launcher (``python lab.py`` or a plain torchru
 
 This module never imports torch: the launcher process imports it too.
 """
-import json
-import os
-import time
-
-RUN_DIR_ENV = "DDPCOURSE_RUN_DIR"
+from ddpcourse.events import RUN_DIR_ENV, REPORT, write_event  # noqa: F401 - RUN_DIR_ENV: older imports
 
 
 def _plain(value):
@@ -28,26 +24,10 @@ def _plain(value):
     return repr(value)
 
 
-def _rank():
-    return int(os.environ.get("RANK", "0"))
-
-
-def write_event(kind, **fields):
-    """Append one event to this rank's event file; a no-op outside the launcher."""
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir:
-        return
-    event = {"event": kind, "time": time.time(), "pid": os.getpid(), **fields}
-    path = os.path.join(run_dir, f"rank{_rank()}.events")
-    # One write per line, opened in append mode: events survive a crash right after.
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(event) + "\n")
-
-
 def report(**values):
     """Hand named results back to the notebook cell or check that launched this script.
 
     Example: ``report(mean=mean, weights=model.state_dict())``. Tensors become nested lists.
     Calling it again with the same name replaces the earlier value.
     """
-    write_event("report", values={k: _plain(v) for k, v in values.items()})
+    write_event(REPORT, values={k: _plain(v) for k, v in values.items()})

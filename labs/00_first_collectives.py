@@ -1,6 +1,7 @@
 # =====================================================================================================
 # Lab 00, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/00_first_collectives.py
+# Stuck on a TODO? `python -m ddpcourse hint 00` shows the next hint, one level at a time.
 # Generated from solutions/00_first_collectives.py by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """Lab 00: first collectives. Combine numbers that live on different processes.
@@ -36,20 +37,24 @@ def local_measurements(rank):
 
 def global_mean(value, world_size):
     """The mean of `value` over all ranks, returned on every rank. `value` itself is left unchanged."""
-    # TODO 1: clone value (all_reduce works in place), all_reduce the copy with op=dist.ReduceOp.SUM, divide by world_size
-    raise NotImplementedError('TODO 1: clone value (all_reduce works in place), all_reduce the copy with op=dist.ReduceOp.SUM, divide by world_size')
+    # TODO 1: every rank adds its value into one total that every rank receives; the mean is that
+    #         total over the number of ranks. The collective overwrites its tensor, and `value` must
+    #         stay as it was
+    raise NotImplementedError('TODO 1: every rank adds its value into one total that every rank receives; the mean is that total over the number of ranks. The collective overwrites its tensor, and `value` must stay as it was')
 
 
 def global_max(value):
     """The largest `value` on any rank, returned on every rank. `value` itself is left unchanged."""
-    # TODO 2: clone value, then all_reduce the copy with op=dist.ReduceOp.MAX
-    raise NotImplementedError('TODO 2: clone value, then all_reduce the copy with op=dist.ReduceOp.MAX')
+    # TODO 2: like the mean, but the ranks combine their values by keeping the largest instead of
+    #         adding them; work on a copy again
+    raise NotImplementedError('TODO 2: like the mean, but the ranks combine their values by keeping the largest instead of adding them; work on a copy again')
 
 
 def gather_all(value, world_size):
     """A 1-D tensor of every rank's `value`, element i from rank i, on every rank."""
-    # TODO 3: make a list of world_size tensors like value (torch.empty_like), dist.all_gather(that_list, value), torch.stack it
-    raise NotImplementedError('TODO 3: make a list of world_size tensors like value (torch.empty_like), dist.all_gather(that_list, value), torch.stack it')
+    # TODO 3: every rank needs one slot per rank; one collective fills slot r with rank r's value on
+    #         every rank; return them as one tensor, one row per rank
+    raise NotImplementedError("TODO 3: every rank needs one slot per rank; one collective fills slot r with rank r's value on every rank; return them as one tensor, one row per rank")
 
 
 def main():

@@ -1,6 +1,7 @@
 # =====================================================================================================
 # Lab 01, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/01_dataparallel_vs_ddp.py
+# Stuck on a TODO? `python -m ddpcourse hint 01` shows the next hint, one level at a time.
 # Generated from solutions/01_dataparallel_vs_ddp.py by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """Lab 01: data-parallel training by hand, then the same training with DistributedDataParallel.
@@ -42,14 +43,16 @@ def shard_indices(step, rank, world_size, per_rank_batch):
     The global batch of step s is samples s*W*B ... (s+1)*W*B - 1 (W = world_size, B = per_rank_batch);
     rank r takes the r-th block of B samples of it.
     """
-    # TODO 1: the step's global batch starts at sample step * world_size * per_rank_batch; skip rank blocks of per_rank_batch, return the next per_rank_batch indices as a list
-    raise NotImplementedError("TODO 1: the step's global batch starts at sample step * world_size * per_rank_batch; skip rank blocks of per_rank_batch, return the next per_rank_batch indices as a list")
+    # TODO 1: count the samples all ranks used in the earlier steps, then the blocks of the ranks
+    #         before this one in this step: this rank's block comes next
+    raise NotImplementedError("TODO 1: count the samples all ranks used in the earlier steps, then the blocks of the ranks before this one in this step: this rank's block comes next")
 
 
 def average_gradients(model, world_size):
     """Replace every parameter's .grad by its mean over all ranks: what DDP does during backward()."""
-    # TODO 2: for every parameter p of model: dist.all_reduce(p.grad) (that is a SUM), then p.grad /= world_size
-    raise NotImplementedError('TODO 2: for every parameter p of model: dist.all_reduce(p.grad) (that is a SUM), then p.grad /= world_size')
+    # TODO 2: each rank's gradients come from its own shard; every rank must end with their average
+    #         over all ranks, where the optimizer reads them
+    raise NotImplementedError("TODO 2: each rank's gradients come from its own shard; every rank must end with their average over all ranks, where the optimizer reads them")
 
 
 def train_by_hand(rank, world_size, x_all, y_all):
@@ -69,8 +72,9 @@ def train_by_hand(rank, world_size, x_all, y_all):
 
 def train_with_ddp(rank, world_size, x_all, y_all):
     model = build_model(SEED)
-    # TODO 3: ddp_model = DistributedDataParallel(model) (CPU/gloo: no device_ids); it averages the gradients in backward()
-    raise NotImplementedError('TODO 3: ddp_model = DistributedDataParallel(model) (CPU/gloo: no device_ids); it averages the gradients in backward()')
+    # TODO 3: let torch do what average_gradients does by hand: wrap the model so that the backward
+    #         pass averages the gradients over the ranks
+    raise NotImplementedError('TODO 3: let torch do what average_gradients does by hand: wrap the model so that the backward pass averages the gradients over the ranks')
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)
     for step in range(STEPS):
         indices = shard_indices(step, rank, world_size, PER_RANK_BATCH)

@@ -1,6 +1,7 @@
 # =====================================================================================================
 # Lab 02, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/02_initialization_and_broadcast.py
+# Stuck on a TODO? `python -m ddpcourse hint 02` shows the next hint, one level at a time.
 # Generated from solutions/02_initialization_and_broadcast.py by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """Lab 02: initialization and weight broadcast. Make every rank start from the same weights.
@@ -41,14 +42,17 @@ def broadcast_module_(module, src):
 
     The tensors stay the same objects (an optimizer built before keeps pointing at them).
     """
-    # TODO 1: under torch.no_grad(), for every tensor in module.parameters() and then module.buffers(): dist.broadcast(tensor, src=src)
-    raise NotImplementedError('TODO 1: under torch.no_grad(), for every tensor in module.parameters() and then module.buffers(): dist.broadcast(tensor, src=src)')
+    # TODO 1: every rank must end with src's values in the tensors it already holds (the module
+    #         keeps pointing at them): the learned values and the running statistics, with no
+    #         autograd history
+    raise NotImplementedError("TODO 1: every rank must end with src's values in the tensors it already holds (the module keeps pointing at them): the learned values and the running statistics, with no autograd history")
 
 
 def make_loader(dataset, rank, world_size):
     """A DataLoader over this rank's shard only: the shards of all ranks are disjoint and cover the data."""
-    # TODO 2: sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED); DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
-    raise NotImplementedError('TODO 2: sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED); DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)')
+    # TODO 2: each rank reads its own part of the dataset; the parts together cover it once,
+    #         shuffled the same way on every rank
+    raise NotImplementedError('TODO 2: each rank reads its own part of the dataset; the parts together cover it once, shuffled the same way on every rank')
 
 
 def differently_started(rank):

@@ -1,6 +1,7 @@
 # =====================================================================================================
 # Lab 03, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/03_change_a_wrapped_model.py
+# Stuck on a TODO? `python -m ddpcourse hint 03` shows the next hint, one level at a time.
 # Generated from solutions/03_change_a_wrapped_model.py by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """Lab 03: change a model that DDP already wraps, and keep every replica the same.
@@ -60,16 +61,18 @@ def train(model, optimizer, x, y, steps=STEPS):
 def grow(model, optimizer):
     """Add the hidden layer to the DDP-wrapped `model`. Returns (model, optimizer) that train ALL its layers,
     identically on every rank."""
-    # TODO 1: on every rank: insert_hidden_layer(model.module); wrap model.module in a NEW DDP (it broadcasts rank 0's weights and registers the new parameters); build a NEW torch.optim.SGD over its parameters (lr=LEARNING_RATE)
-    raise NotImplementedError("TODO 1: on every rank: insert_hidden_layer(model.module); wrap model.module in a NEW DDP (it broadcasts rank 0's weights and registers the new parameters); build a NEW torch.optim.SGD over its parameters (lr=LEARNING_RATE)")
+    # TODO 1: change the network inside the wrapper on every rank; the old wrapper and the old
+    #         optimizer know only the old parameters, so replace both
+    raise NotImplementedError('TODO 1: change the network inside the wrapper on every rank; the old wrapper and the old optimizer know only the old parameters, so replace both')
     return model, optimizer
 
 
 def calibrate(model, rank, x_validation, y_validation):
     """Rank 0 adds its mean validation error to the output bias; afterwards every rank holds rank 0's bias."""
     bias = model.module.fc2.out.bias
-    # TODO 2: under torch.no_grad(): on rank 0 only, add the mean of (y_validation - model.module(x_validation)) to bias; then EVERY rank calls dist.broadcast(bias, src=0)
-    raise NotImplementedError('TODO 2: under torch.no_grad(): on rank 0 only, add the mean of (y_validation - model.module(x_validation)) to bias; then EVERY rank calls dist.broadcast(bias, src=0)')
+    # TODO 2: one rank computes the correction (the mean error on the validation set) and applies
+    #         it; then its result must reach every replica. No gradients are involved
+    raise NotImplementedError('TODO 2: one rank computes the correction (the mean error on the validation set) and applies it; then its result must reach every replica. No gradients are involved')
 
 
 def main():

@@ -1,6 +1,7 @@
 # =====================================================================================================
 # Lab 04, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/04_local_sgd.py
+# Stuck on a TODO? `python -m ddpcourse hint 04` shows the next hint, one level at a time.
 # Generated from solutions/04_local_sgd.py by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """Lab 04: local SGD. Train k steps on your own data, then average the replicas.
@@ -42,14 +43,16 @@ SAMPLES = 192        # the shared toy regression data set; DistributedSampler gi
 
 def maybe_average(model, step, every, world_size):
     """Average the replicas after every `every`-th optimizer step (step counts from 1). True if it did."""
-    # TODO 1: if step is a multiple of every: call average_model(model, world_size) and return True; otherwise return False
-    raise NotImplementedError('TODO 1: if step is a multiple of every: call average_model(model, world_size) and return True; otherwise return False')
+    # TODO 1: average only on the steps of the schedule (every `every` steps) and tell the caller
+    #         whether this step did
+    raise NotImplementedError('TODO 1: average only on the steps of the schedule (every `every` steps) and tell the caller whether this step did')
 
 
 def average_model(model, world_size):
     """Replace every parameter and every buffer of `model` by its mean over all ranks, in place."""
-    # TODO 2: under torch.no_grad(), for each tensor in model.parameters() and then model.buffers(): dist.all_reduce(tensor, op=dist.ReduceOp.SUM), then divide by world_size (tensor /= world_size; integer buffers such as BatchNorm's num_batches_tracked: tensor //= world_size)
-    raise NotImplementedError("TODO 2: under torch.no_grad(), for each tensor in model.parameters() and then model.buffers(): dist.all_reduce(tensor, op=dist.ReduceOp.SUM), then divide by world_size (tensor /= world_size; integer buffers such as BatchNorm's num_batches_tracked: tensor //= world_size)")
+    # TODO 2: replace every rank's parameters and buffers by their mean over the ranks, in place and
+    #         without autograd; integer buffers need an integer division
+    raise NotImplementedError("TODO 2: replace every rank's parameters and buffers by their mean over the ranks, in place and without autograd; integer buffers need an integer division")
 
 
 def batches(rank, world_size):

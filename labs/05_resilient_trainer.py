@@ -1,6 +1,7 @@
 # =====================================================================================================
 # Lab 05, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/05_resilient_trainer.py
+# Stuck on a TODO? `python -m ddpcourse hint 05` shows the next hint, one level at a time.
 # Generated from solutions/05_resilient_trainer.py by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """Lab 05: a DDP trainer that survives a crash. Checkpoints, resume, and a fresh shuffle every epoch.
@@ -52,20 +53,24 @@ FAIL_AT_STEP = int(os.environ.get("DDPCOURSE_FAIL_AT_STEP", "-1"))
 
 def load_checkpoint(path, model, optimizer):
     """Restore model and optimizer from `path` if it exists. Returns the step to continue from (0 if none)."""
-    # TODO 1: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0
-    raise NotImplementedError('TODO 1: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0')
+    # TODO 1: a first start has no checkpoint: begin at step 0. Otherwise restore the wrapped model
+    #         and the optimizer, and resume at the saved step; load data only, never code
+    raise NotImplementedError('TODO 1: a first start has no checkpoint: begin at step 0. Otherwise restore the wrapped model and the optimizer, and resume at the saved step; load data only, never code')
 
 
 def epoch_order(sampler, epoch):
     """The sample indices this rank trains on in `epoch`, in the order it trains on them."""
-    # TODO 2: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order
-    raise NotImplementedError("TODO 2: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order")
+    # TODO 2: the sampler shuffles with a seed and an epoch number that it has to be told: the same
+    #         epoch gives the same order on every rank, a new epoch a new order
+    raise NotImplementedError('TODO 2: the sampler shuffles with a seed and an epoch number that it has to be told: the same epoch gives the same order on every rank, a new epoch a new order')
 
 
 def save_checkpoint(path, model, optimizer, step, rank):
     """Write model, optimizer and step to `path`, from rank 0 alone; return once it is on disk."""
-    # TODO 3: if rank == 0: torch.save model, optimizer and step into a temporary file in the same folder, os.fsync that file, then os.replace it onto path; then dist.barrier() on every rank
-    raise NotImplementedError('TODO 3: if rank == 0: torch.save model, optimizer and step into a temporary file in the same folder, os.fsync that file, then os.replace it onto path; then dist.barrier() on every rank')
+    # TODO 3: the replicas are identical, so one writer is enough; a crash mid-write must never
+    #         leave a half-written file under the checkpoint's name; no rank goes on before the file
+    #         exists
+    raise NotImplementedError("TODO 3: the replicas are identical, so one writer is enough; a crash mid-write must never leave a half-written file under the checkpoint's name; no rank goes on before the file exists")
 
 
 def main():

@@ -32,7 +32,9 @@ def local_measurements(rank):
 def global_mean(value, world_size):
     """The mean of `value` over all ranks, returned on every rank. `value` itself is left unchanged."""
     ### BEGIN SOLUTION
-    ### HINT: clone value (all_reduce works in place), all_reduce the copy with op=dist.ReduceOp.SUM, divide by world_size
+    ### HINT 1: every rank adds its value into one total that every rank receives; the mean is that total over
+    ### HINT 1: the number of ranks. The collective overwrites its tensor, and `value` must stay as it was
+    ### HINT 2: value.clone(), dist.all_reduce(tensor, op=dist.ReduceOp.SUM), world_size
     total = value.clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total / world_size
@@ -42,7 +44,9 @@ def global_mean(value, world_size):
 def global_max(value):
     """The largest `value` on any rank, returned on every rank. `value` itself is left unchanged."""
     ### BEGIN SOLUTION
-    ### HINT: clone value, then all_reduce the copy with op=dist.ReduceOp.MAX
+    ### HINT 1: like the mean, but the ranks combine their values by keeping the largest instead of adding
+    ### HINT 1: them; work on a copy again
+    ### HINT 2: value.clone(), dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     largest = value.clone()
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
     return largest
@@ -52,7 +56,10 @@ def global_max(value):
 def gather_all(value, world_size):
     """A 1-D tensor of every rank's `value`, element i from rank i, on every rank."""
     ### BEGIN SOLUTION
-    ### HINT: make a list of world_size tensors like value (torch.empty_like), dist.all_gather(that_list, value), torch.stack it
+    ### HINT 1: every rank needs one slot per rank; one collective fills slot r with rank r's value on every
+    ### HINT 1: rank; return them as one tensor, one row per rank
+    ### HINT 2: torch.empty_like(value) once per rank, dist.all_gather(list_of_tensors, value),
+    ### HINT 2: torch.stack(list_of_tensors)
     parts = [torch.empty_like(value) for _ in range(world_size)]
     dist.all_gather(parts, value)
     return torch.stack(parts)

@@ -38,7 +38,9 @@ def shard_indices(step, rank, world_size, per_rank_batch):
     rank r takes the r-th block of B samples of it.
     """
     ### BEGIN SOLUTION
-    ### HINT: the step's global batch starts at sample step * world_size * per_rank_batch; skip rank blocks of per_rank_batch, return the next per_rank_batch indices as a list
+    ### HINT 1: count the samples all ranks used in the earlier steps, then the blocks of the ranks before
+    ### HINT 1: this one in this step: this rank's block comes next
+    ### HINT 2: arithmetic on step, world_size, rank and per_rank_batch; list(range(start, stop))
     start = (step * world_size + rank) * per_rank_batch
     return list(range(start, start + per_rank_batch))
     ### END SOLUTION
@@ -47,7 +49,10 @@ def shard_indices(step, rank, world_size, per_rank_batch):
 def average_gradients(model, world_size):
     """Replace every parameter's .grad by its mean over all ranks: what DDP does during backward()."""
     ### BEGIN SOLUTION
-    ### HINT: for every parameter p of model: dist.all_reduce(p.grad) (that is a SUM), then p.grad /= world_size
+    ### HINT 1: each rank's gradients come from its own shard; every rank must end with their average over all
+    ### HINT 1: ranks, where the optimizer reads them
+    ### HINT 2: model.parameters(), param.grad, dist.all_reduce(tensor) (a sum by default), an in-place
+    ### HINT 2: division by world_size
     for param in model.parameters():
         dist.all_reduce(param.grad)
         param.grad /= world_size
@@ -72,7 +77,9 @@ def train_by_hand(rank, world_size, x_all, y_all):
 def train_with_ddp(rank, world_size, x_all, y_all):
     model = build_model(SEED)
     ### BEGIN SOLUTION
-    ### HINT: ddp_model = DistributedDataParallel(model) (CPU/gloo: no device_ids); it averages the gradients in backward()
+    ### HINT 1: let torch do what average_gradients does by hand: wrap the model so that the backward pass
+    ### HINT 1: averages the gradients over the ranks
+    ### HINT 2: DistributedDataParallel(model); on CPU with gloo it takes no device_ids
     ddp_model = DistributedDataParallel(model)
     ### END SOLUTION
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)

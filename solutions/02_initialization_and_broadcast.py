@@ -37,7 +37,9 @@ def broadcast_module_(module, src):
     The tensors stay the same objects (an optimizer built before keeps pointing at them).
     """
     ### BEGIN SOLUTION
-    ### HINT: under torch.no_grad(), for every tensor in module.parameters() and then module.buffers(): dist.broadcast(tensor, src=src)
+    ### HINT 1: every rank must end with src's values in the tensors it already holds (the module keeps
+    ### HINT 1: pointing at them): the learned values and the running statistics, with no autograd history
+    ### HINT 2: torch.no_grad(), module.parameters(), module.buffers(), dist.broadcast(tensor, src=src)
     with torch.no_grad():
         for tensor in list(module.parameters()) + list(module.buffers()):
             dist.broadcast(tensor, src=src)
@@ -47,7 +49,10 @@ def broadcast_module_(module, src):
 def make_loader(dataset, rank, world_size):
     """A DataLoader over this rank's shard only: the shards of all ranks are disjoint and cover the data."""
     ### BEGIN SOLUTION
-    ### HINT: sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED); DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
+    ### HINT 1: each rank reads its own part of the dataset; the parts together cover it once, shuffled the
+    ### HINT 1: same way on every rank
+    ### HINT 2: DistributedSampler(dataset, num_replicas=..., rank=..., shuffle=True, seed=SEED),
+    ### HINT 2: DataLoader(dataset, batch_size=BATCH_SIZE, sampler=...)
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)
     return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
     ### END SOLUTION

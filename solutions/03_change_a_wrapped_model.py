@@ -56,7 +56,10 @@ def grow(model, optimizer):
     """Add the hidden layer to the DDP-wrapped `model`. Returns (model, optimizer) that train ALL its layers,
     identically on every rank."""
     ### BEGIN SOLUTION
-    ### HINT: on every rank: insert_hidden_layer(model.module); wrap model.module in a NEW DDP (it broadcasts rank 0's weights and registers the new parameters); build a NEW torch.optim.SGD over its parameters (lr=LEARNING_RATE)
+    ### HINT 1: change the network inside the wrapper on every rank; the old wrapper and the old optimizer
+    ### HINT 1: know only the old parameters, so replace both
+    ### HINT 2: model.module, insert_hidden_layer(net), DDP(net), torch.optim.SGD(parameters,
+    ### HINT 2: lr=LEARNING_RATE)
     net = model.module
     insert_hidden_layer(net)
     model = DDP(net)
@@ -69,7 +72,10 @@ def calibrate(model, rank, x_validation, y_validation):
     """Rank 0 adds its mean validation error to the output bias; afterwards every rank holds rank 0's bias."""
     bias = model.module.fc2.out.bias
     ### BEGIN SOLUTION
-    ### HINT: under torch.no_grad(): on rank 0 only, add the mean of (y_validation - model.module(x_validation)) to bias; then EVERY rank calls dist.broadcast(bias, src=0)
+    ### HINT 1: one rank computes the correction (the mean error on the validation set) and applies it; then
+    ### HINT 1: its result must reach every replica. No gradients are involved
+    ### HINT 2: torch.no_grad(), model.module(x_validation), .mean(), bias += ..., dist.broadcast(bias, src=0)
+    ### HINT 2: called by every rank
     with torch.no_grad():
         if rank == 0:
             bias += (y_validation - model.module(x_validation)).mean()

@@ -38,7 +38,9 @@ SAMPLES = 192        # the shared toy regression data set; DistributedSampler gi
 def maybe_average(model, step, every, world_size):
     """Average the replicas after every `every`-th optimizer step (step counts from 1). True if it did."""
     ### BEGIN SOLUTION
-    ### HINT: if step is a multiple of every: call average_model(model, world_size) and return True; otherwise return False
+    ### HINT 1: average only on the steps of the schedule (every `every` steps) and tell the caller whether
+    ### HINT 1: this step did
+    ### HINT 2: step % every, average_model(model, world_size), return True or False
     if step % every == 0:
         average_model(model, world_size)
         return True
@@ -49,8 +51,10 @@ def maybe_average(model, step, every, world_size):
 def average_model(model, world_size):
     """Replace every parameter and every buffer of `model` by its mean over all ranks, in place."""
     ### BEGIN SOLUTION
-    ### HINT: under torch.no_grad(), for each tensor in model.parameters() and then model.buffers(): dist.all_reduce(tensor, op=dist.ReduceOp.SUM),
-    ### HINT: then divide by world_size (tensor /= world_size; integer buffers such as BatchNorm's num_batches_tracked: tensor //= world_size)
+    ### HINT 1: replace every rank's parameters and buffers by their mean over the ranks, in place and without
+    ### HINT 1: autograd; integer buffers need an integer division
+    ### HINT 2: torch.no_grad(), model.parameters(), model.buffers(), dist.all_reduce(tensor,
+    ### HINT 2: op=dist.ReduceOp.SUM), tensor.is_floating_point(), /= and //= world_size
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)

@@ -48,7 +48,10 @@ FAIL_AT_STEP = int(os.environ.get("DDPCOURSE_FAIL_AT_STEP", "-1"))
 def load_checkpoint(path, model, optimizer):
     """Restore model and optimizer from `path` if it exists. Returns the step to continue from (0 if none)."""
     ### BEGIN SOLUTION
-    ### HINT: if os.path.exists(path): state = torch.load(path, map_location="cpu", weights_only=True); load model.module and optimizer state dicts; return state["step"]; else return 0
+    ### HINT 1: a first start has no checkpoint: begin at step 0. Otherwise restore the wrapped model and the
+    ### HINT 1: optimizer, and resume at the saved step; load data only, never code
+    ### HINT 2: os.path.exists(path), torch.load(path, map_location="cpu", weights_only=True),
+    ### HINT 2: model.module.load_state_dict(...), optimizer.load_state_dict(...)
     if not os.path.exists(path):
         return 0
     state = torch.load(path, map_location="cpu", weights_only=True)  # data only: no code runs on load
@@ -61,7 +64,9 @@ def load_checkpoint(path, model, optimizer):
 def epoch_order(sampler, epoch):
     """The sample indices this rank trains on in `epoch`, in the order it trains on them."""
     ### BEGIN SOLUTION
-    ### HINT: call sampler.set_epoch(epoch) before iterating it; without it every epoch repeats epoch 0's order
+    ### HINT 1: the sampler shuffles with a seed and an epoch number that it has to be told: the same epoch
+    ### HINT 1: gives the same order on every rank, a new epoch a new order
+    ### HINT 2: sampler.set_epoch(epoch), list(sampler)
     sampler.set_epoch(epoch)  # the shuffle is seeded by (seed, epoch): the same on every rank, new each epoch
     return list(sampler)
     ### END SOLUTION
@@ -70,7 +75,10 @@ def epoch_order(sampler, epoch):
 def save_checkpoint(path, model, optimizer, step, rank):
     """Write model, optimizer and step to `path`, from rank 0 alone; return once it is on disk."""
     ### BEGIN SOLUTION
-    ### HINT: if rank == 0: torch.save model, optimizer and step into a temporary file in the same folder, os.fsync that file, then os.replace it onto path; then dist.barrier() on every rank
+    ### HINT 1: the replicas are identical, so one writer is enough; a crash mid-write must never leave a
+    ### HINT 1: half-written file under the checkpoint's name; no rank goes on before the file exists
+    ### HINT 2: torch.save(state, file) into f"{path}.tmp", os.fsync(file.fileno()), os.replace(temporary,
+    ### HINT 2: path), dist.barrier()
     if rank == 0:  # the replicas are identical: one writer is enough, and N writers would race on one file
         state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
         temporary = f"{path}.tmp"

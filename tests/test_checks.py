@@ -2,9 +2,11 @@
 wrong versions fail with the message that names the mistake."""
 import pytest
 
+from ddpcourse.__main__ import main
 from ddpcourse.checks import check_lab
 from ddpcourse.makelabs import make_lab
 from ddpcourse.paths import COURSE_ROOT, lab_files
+from ddpcourse.todos import reveal_hint, solution_regions, todo_line
 from helpers import detail, mutant
 
 SOLUTIONS = lab_files(COURSE_ROOT / "solutions")
@@ -16,16 +18,64 @@ def test_solution_passes_its_check(solution):
     assert report.passed, "\n".join(map(str, report.failures))
 
 
+@pytest.fixture
+def no_launch(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("check_lab launched a lab with open TODOs")
+    monkeypatch.setattr("ddpcourse.checks.launch", refuse)
+
+
 @pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
-def test_generated_lab_fails_naming_its_first_todo(solution, tmp_path):
+def test_generated_lab_lists_its_open_todos_and_next_hint_without_launching(solution, tmp_path, no_launch, capsys):
     # generated afresh, so the test holds after a learner completed labs/ (make-labs --check covers drift)
     lab = tmp_path / "labs" / solution.name
     lab.parent.mkdir()
     lab.write_text(make_lab(solution.read_text(), solution.name))
-    report = check_lab(lab, quiet=True)
-    assert not report.passed
-    assert len(report.results) == 1  # stops at the first world size: nothing else to say yet
-    assert f"TODO 1 in {lab} is not done yet" in report.failures[0].detail
+    regions = solution_regions(solution)
+    report = check_lab(lab)
+    assert not report.passed and not report.launched
+    assert report.todos == sorted(regions) and len(report.results) == 1
+    shown = capsys.readouterr().out
+    assert f"{lab} is not started yet" in shown and "nothing was run" in shown
+    assert f"Next: TODO 1 (line {todo_line(lab.read_text(), 1)}): {regions[1].hints[1]}" in shown
+    assert f'hint("{solution.name[:2]}")' in shown
+
+
+def test_a_started_lab_shows_the_hint_level_the_learner_revealed(tmp_path, no_launch, capsys):
+    solution = SOLUTIONS[0]
+    lab = tmp_path / solution.name
+    text = make_lab(solution.read_text(), solution.name)
+    lab.write_text(text.replace("    raise NotImplementedError('TODO 1", "    return value  # raise NotImplementedError('TODO 1", 1))
+    reveal_hint(lab)  # the learner asked for TODO 2's level 2 ...
+    report = check_lab(lab)
+    assert report.todos == [2, 3] and not report.launched
+    shown = capsys.readouterr().out
+    assert "has open TODOs (TODOs 2, 3)" in shown
+    assert f": {solution_regions(solution)[2].hints[2]}" in shown  # ... so the check shows level 2
+
+
+def test_a_path_that_does_not_exist_is_an_error_never_another_lab(tmp_path, no_launch):
+    with pytest.raises(FileNotFoundError, match="no such file: 01_my_copy_typo.py"):
+        check_lab("01_my_copy_typo.py")
+    assert main(["check", str(tmp_path / "00_first_collectives.py")]) == 2
+
+
+def test_a_value_the_lab_did_not_report_is_a_fail_naming_it(tmp_path, monkeypatch):
+    """No traceback out of check_lab: the run 'succeeded' but one rank never reported mean_loss."""
+    from ddpcourse.launcher import RunResult
+
+    def launched(path, nproc, **kwargs):
+        reports = {0: {"local_loss": 1.0, "local_grad_norm": 1.0, "max_grad_norm": 6.0, "all_losses": [1.0, 1.5]},
+                   1: {"local_loss": 1.5, "local_grad_norm": 6.0, "max_grad_norm": 6.0, "all_losses": [1.0, 1.5],
+                       "mean_loss": 1.25}}
+        return RunResult(file=str(path), nproc=nproc, returncode=0, duration=1.0, reports=reports, launched=True)
+
+    monkeypatch.setattr("ddpcourse.checks.launch", launched)
+    report = check_lab(SOLUTIONS[0], nproc=2, quiet=True)
+    assert not report.passed and report.launched
+    (failure,) = report.failures
+    assert failure.claim == "the lab reports every value its check reads" and failure.nproc == 2
+    assert "'mean_loss'" in failure.detail and "[0]" in failure.detail
 
 
 def test_lab00_sum_instead_of_mean_sum_instead_of_max_and_wrong_gather_order(tmp_path):

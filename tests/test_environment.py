@@ -1,7 +1,7 @@
 """The install: pinned versions agree everywhere, and the README's commands are the ones CI runs."""
 import re
 
-from ddpcourse.checkup import check_environment, format_report, pins
+from ddpcourse.doctor import check_environment, format_report, pins
 from ddpcourse.paths import COURSE_ROOT, lab_files
 
 README = (COURSE_ROOT / "README.md").read_text()
@@ -14,7 +14,7 @@ def conda_pip_pins():
 
 def test_environment_yml_and_requirements_pin_the_same_versions():
     required = pins()
-    assert set(required) == {"torch", "jupyterlab", "nbval", "ipywidgets", "matplotlib", "pytest"}
+    assert set(required) == {"torch", "jupyterlab", "nbval", "ipywidgets", "matplotlib", "pytest", "psutil"}
     assert conda_pip_pins() == required
 
 
@@ -43,7 +43,7 @@ def test_doctor_reports_this_machine_ready_and_explains_each_failure(monkeypatch
     assert report.ok, format_report(report, color=False)
     assert report.row("torch").status == "OK" and report.row("backend gloo").status == "OK"
     # a wrong version is a red line with its fix
-    monkeypatch.setattr("ddpcourse.checkup.pins", lambda path=None: {"torch": "9.9.9", "nbval": "0.11.0"})
+    monkeypatch.setattr("ddpcourse.doctor.pins", lambda path=None: {"torch": "9.9.9", "nbval": "0.11.0"})
     wrong = check_environment(launch=False)
     assert not wrong.ok
     text = format_report(wrong, color=False)

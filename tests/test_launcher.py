@@ -1,20 +1,28 @@
-"""The launcher against deliberately broken scripts: each must end within timeout + 15 s with a clear
-message and leave no process behind. Scripts that do not need torch avoid importing it: a launch costs
-mostly the interpreters importing torch."""
+"""The launcher against deliberately broken scripts: each must end within its limits with a clear message
+and leave no process behind. Launches are the cost here (every interpreter that imports torch takes
+~1.4 s of CPU): scripts that do not need torch avoid it, one-rank runs skip torchrun's agent, and the
+pure logic (root causes, event files, threads, cleanup) is tested without any launch."""
+import builtins
+import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
+import psutil
 import pytest
 
-from ddpcourse.launcher import _agent_exit_codes, _root_cause, find_processes, processes_of_run, run
+from ddpcourse import diagnosis, processes
+from ddpcourse.events import EventReader
+from ddpcourse.launcher import (RUN_ID_ENV, STARTUP_TIMEOUT, build_env, cgroup_cpu_quota, find_processes,
+                                processes_of_run, run, threads_per_rank)
 
-SLACK = 15.0  # the issue's bound: every failure ends within timeout + 15 s
+SLACK = 15.0  # a failure ends within timeout + 15 s
+HANG_TIMEOUT = 3.0  # counted from the moment every rank is ready: imports under load do not count
 
 
 def script(tmp_path, name, body):
@@ -23,15 +31,28 @@ def script(tmp_path, name, body):
     return path
 
 
+def line_of(path, text):
+    """The line number of the first line of ``path`` that contains ``text``."""
+    lines = Path(path).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if text in line)
+
+
+def line_is(path, text):
+    """The line number of the line of ``path`` that is exactly ``text`` (leading spaces aside)."""
+    lines = Path(path).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if line.strip() == text)
+
+
 def launch(path, nproc=2, timeout=30.0, **kwargs):
     start = time.monotonic()
-    result = run(path, nproc=nproc, timeout=timeout, **kwargs)
-    assert time.monotonic() - start < timeout + SLACK
-    assert processes_of_run(result.run_id) == [] if result.run_id else True
+    result = run(path, nproc=nproc, timeout=timeout, show="none", **kwargs)
+    assert time.monotonic() - start < STARTUP_TIMEOUT + timeout + SLACK
+    assert processes_of_run(result.run_id) == []
     return result
 
 
-def test_reports_output_per_rank_and_environment(tmp_path, capsys):
+def test_reports_output_per_rank_and_environment(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # set by the user: kept (torchrun's default would be 1)
     path = script(tmp_path, "env_report.py", """
         import os
         from ddpcourse import report
@@ -41,15 +62,15 @@ def test_reports_output_per_rank_and_environment(tmp_path, capsys):
         report(rank=rank, omp=os.environ["OMP_NUM_THREADS"], addr=os.environ["MASTER_ADDR"],
                world=int(os.environ["WORLD_SIZE"]), nested={"square": [rank * rank]})
         """)
-    result = launch(path, nproc=2, show="rank0")
+    result = run(path, nproc=2, timeout=30, show="rank0")
     printed = capsys.readouterr().out
-    assert result.ok, result.message
+    assert result.ok and result.launched and result.nproc == 2, result.message
     assert result.output == {0: ["hello from 0", "second line"], 1: ["hello from 1", "second line"]}
     assert result.values("rank") == [0, 1]
     assert result.values("nested") == [{"square": [0]}, {"square": [1]}]
     assert result.values("world") == [2, 2]
     assert result.values("addr") == ["127.0.0.1"] * 2
-    assert result.values("omp") == [str(max(1, os.cpu_count() // 2))] * 2
+    assert result.values("omp") == ["3", "3"]
     # rank-0-only mode shows rank 0's lines live, but the result keeps every rank's
     assert "[rank 0] hello from 0" in printed and "[rank 1]" not in printed
     assert printed.rstrip().splitlines()[-1].startswith("OK: ")
@@ -58,7 +79,8 @@ def test_reports_output_per_rank_and_environment(tmp_path, capsys):
 def test_syntax_error_is_reported_without_launching(tmp_path):
     path = script(tmp_path, "broken_syntax.py", "x = 1\nif x == 1\n    print(x)\n")
     result = launch(path, timeout=10)
-    assert not result.ok and result.run_id == ""  # nothing was started
+    assert not result.ok and not result.launched and result.run_id == ""
+    assert result.failure.kind == "exception" and result.failure.error.startswith("SyntaxError")
     assert "syntax error" in result.message and "line 2" in result.message
     assert "SyntaxError" in result.message and "if x == 1" in result.message
 
@@ -71,26 +93,35 @@ def test_exception_on_one_rank_names_that_rank(tmp_path):
         time.sleep(60)  # rank 0 would wait forever; torchrun stops it once rank 1 fails
         """)
     result = launch(path, timeout=40)
-    assert result.failure.rank == 1
+    failure = result.failure
+    assert (failure.rank, failure.kind, failure.exitcode) == (1, "exception", 1)
+    assert failure.error == "ValueError: bad shard on rank 1"
     assert result.message.startswith("FAILED: rank 1 raised ValueError: bad shard on rank 1")
-    assert 'one_rank_fails.py", line 4' in result.message
+    assert f'one_rank_fails.py", line {line_of(path, "raise ValueError")}' in result.message
     assert "ChildFailedError" not in result.message  # torchrun's wall of text stays hidden
 
 
-def test_unfinished_todo_reads_as_such(tmp_path):
+def test_unfinished_todo_reads_as_such_on_one_rank_without_torchrun(tmp_path):
     path = script(tmp_path, "07_todo_lab.py", """
+        import os
         def step():
             # TODO 2: all_reduce the gradients
             raise NotImplementedError("TODO 2: all_reduce the gradients")
+        print("parent", os.getppid())
         step()
         """)
-    result = launch(path, timeout=30)
+    result = launch(path, nproc=1, timeout=30)
+    failure = result.failure
+    assert (failure.kind, failure.todo, failure.rank, failure.exitcode) == ("todo", 2, 0, 1)
+    assert failure.hint == "all_reduce the gradients"
     assert "TODO 2 in" in result.message and "07_todo_lab.py is not done yet" in result.message
-    assert "all_reduce the gradients" in result.message
+    # one rank, no torchrun options: the worker is this process's own child, no agent in between
+    assert result.output[0][0] == f"parent {os.getpid()}"
 
 
 def test_hang_shows_every_rank_stack_then_kills(tmp_path):
-    """Mismatched collectives (ranks 0 and 1) and a busy loop (rank 2), stopped by the timeout."""
+    """Mismatched collectives (ranks 0 and 1) and a busy loop (rank 2), stopped by the timeout, which
+    starts when every rank is ready: a few seconds are enough however long torch takes to import."""
     path = script(tmp_path, "stuck.py", """
         import torch, torch.distributed as dist
         def spin():
@@ -105,27 +136,14 @@ def test_hang_shows_every_rank_stack_then_kills(tmp_path):
         else:
             spin()
         """)
-    result = launch(path, nproc=3, timeout=15)  # generous: on a busy laptop importing torch can take 10 s
-    assert result.timed_out and result.returncode == 124
+    result = launch(path, nproc=3, timeout=HANG_TIMEOUT)
+    assert result.timed_out and result.returncode == 124 and result.failure.kind == "timeout"
     assert result.message.startswith("TIMEOUT:")
-    assert "stuck.py:9 in <module>:  dist.all_reduce(torch.ones(1))" in result.stacks[0]
-    assert "stuck.py:11 in <module>:  dist.barrier()" in result.stacks[1]
+    assert f"stuck.py:{line_of(path, 'all_reduce')} in <module>:  dist.all_reduce(torch.ones(1))" in result.stacks[0]
+    assert f"stuck.py:{line_of(path, 'barrier')} in <module>:  dist.barrier()" in result.stacks[1]
     # a pure-Python loop holding the GIL still dumps its stack (faulthandler works from the signal handler)
-    assert re.search(r"stuck\.py:[45] in spin", result.stacks[2]), result.stacks[2]
-    assert "stuck.py:13 in <module>:  spin()" in result.stacks[2]
-
-
-def test_rank_that_exits_silently_is_the_root_cause(tmp_path):
-    path = script(tmp_path, "silent_exit.py", """
-        import os, torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        if dist.get_rank() == 1:
-            os._exit(3)  # no exception, no traceback
-        dist.all_reduce(torch.ones(1))
-        """)
-    result = launch(path, timeout=40)
-    assert result.failure.rank == 1
-    assert "rank 1 exited with code 3 without a Python exception" in result.message
+    assert f"stuck.py:{line_is(path, 'spin()')} in <module>:  spin()" in result.stacks[2]
+    assert "in spin" in result.stacks[2], result.stacks[2]
 
 
 def test_rank_that_returns_early_breaks_its_peers_collective(tmp_path):
@@ -138,11 +156,51 @@ def test_rank_that_returns_early_breaks_its_peers_collective(tmp_path):
         """)
     result = launch(path, timeout=40)
     assert not result.ok
-    assert ("rank 0 failed in a collective because rank(s) [1] had already ended" in result.message
-            or "rank 1" in result.message.splitlines()[0]), result.message
+    assert result.failure.rank in (0, 1), result.message
+    if result.failure.rank == 0:
+        assert "rank 0 failed in a collective because rank(s) [1] had already ended" in result.message
+    else:  # rank 1 ended first, with its group open
+        assert result.failure.kind == "open_process_group"
 
 
-def test_grandchildren_are_killed(tmp_path):
+def test_a_process_group_left_open_fails_the_run(tmp_path):
+    """No os._exit shortcut: a script that forgets destroy_process_group() is told so, by rank."""
+    path = script(tmp_path, "forgets_destroy.py", """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1))
+        """)
+    result = launch(path, nproc=1, timeout=30)
+    assert not result.ok and result.failure.kind == "open_process_group" and result.failure.rank == 0
+    assert result.message == ("FAILED: rank 0 ended with its process group open: call "
+                              "dist.destroy_process_group() at the end of the script.")
+
+
+def _forbid_proc_reads_from_course_code(monkeypatch):
+    """Make /proc unavailable to ddpcourse's own code (psutil, which uses the OS's own interface on each
+    platform, still works): the cleanup must not depend on a Linux-only scan."""
+    course = str(Path(processes.__file__).parent)
+
+    def guarded(original):
+        def call(path, *args, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if str(path).startswith("/proc") and caller.startswith(course):
+                raise FileNotFoundError(path)
+            return original(path, *args, **kwargs)
+        return call
+
+    for module, name in [(builtins, "open"), (os, "open"), (os, "listdir"), (os, "scandir"), (os, "stat")]:
+        monkeypatch.setattr(module, name, guarded(getattr(module, name)))
+    monkeypatch.setattr(Path, "iterdir", lambda self: (_ for _ in ()).throw(FileNotFoundError(self))
+                        if str(self).startswith("/proc") else Path.__dict__["iterdir"](self))
+    listed = []
+    real_iter = psutil.process_iter
+    monkeypatch.setattr(psutil, "process_iter", lambda *a, **k: listed.append(1) or real_iter(*a, **k))
+    return listed
+
+
+def test_grandchildren_are_killed_without_reading_proc(tmp_path, monkeypatch):
+    listed = _forbid_proc_reads_from_course_code(monkeypatch)
     path = script(tmp_path, "spawner.py", """
         import subprocess, sys
         from ddpcourse import report
@@ -153,88 +211,94 @@ def test_grandchildren_are_killed(tmp_path):
         """)
     result = launch(path, nproc=1, timeout=30)
     assert result.ok, result.message
+    assert listed, "the run's processes were looked up through psutil"
     for pid in result.values("pids")[0]:
-        assert pid not in find_processes(f"DDPCOURSE_RUN_ID={result.run_id}")
-        assert not _alive(pid)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+WAITS = """
+    import subprocess, sys, time
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    print("ready", flush=True)
+    time.sleep(300)
+    """
+
+
+def _start_cli(path, marker, nproc=2):
+    env = dict(os.environ, DDPCOURSE_TEST_MARKER=marker)
+    cli = subprocess.Popen([sys.executable, "-m", "ddpcourse", "run", str(path), "--nproc", str(nproc),
+                            "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    for line in cli.stdout:  # wait until every rank is really running
+        lines.append(line)
+        if sum("ready" in seen for seen in lines) == nproc:
+            break
+    return cli, lines
 
 
 def test_interrupt_kills_the_tree(tmp_path):
-    path = script(tmp_path, "waits.py", """
-        import subprocess, sys, time
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        print("ready", flush=True)
-        time.sleep(300)
-        """)
-    marker = f"DDPCOURSE_TEST_MARKER={uuid.uuid4().hex}"
-    env = dict(os.environ, DDPCOURSE_TEST_MARKER=marker.split("=", 1)[1])
-    cli = subprocess.Popen([sys.executable, "-m", "ddpcourse", "run", str(path), "--nproc", "2", "--timeout", "120"],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines = []
-    for line in cli.stdout:  # wait until both ranks are really running
-        lines.append(line)
-        if sum("ready" in seen for seen in lines) == 2:
-            break
-    assert len(find_processes(marker)) >= 6  # the CLI, torchrun, 2 ranks, 2 grandchildren
+    path = script(tmp_path, "waits.py", WAITS)
+    marker = uuid.uuid4().hex
+    cli, _ = _start_cli(path, marker)
+    assert len(find_processes(f"DDPCOURSE_TEST_MARKER={marker}")) >= 6  # CLI, agent, 2 ranks, 2 grandchildren
     start = time.monotonic()
     cli.send_signal(signal.SIGINT)  # what the Jupyter stop button does to the kernel
     rest, _ = cli.communicate(timeout=SLACK)
     assert time.monotonic() - start < SLACK
     assert cli.returncode == 130
     assert "Interrupted: every process of this run" in rest
-    assert "waits.py:5 in <module>:  time.sleep(300)" in rest  # where each rank was when stopped
-    assert find_processes(marker) == []
+    assert f"waits.py:{line_is(path, 'time.sleep(300)')} in <module>:  time.sleep(300)" in rest  # where it was
+    assert find_processes(f"DDPCOURSE_TEST_MARKER={marker}") == []
 
 
-def test_two_runs_at_once_do_not_collide(tmp_path):
-    path = script(tmp_path, "allreduce.py", """
-        import torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        assert t.item() == 2.0
-        dist.destroy_process_group()
-        """)
+def test_a_killed_launcher_takes_its_run_with_it(tmp_path):
+    """The kernel or the CLI killed with SIGKILL (no chance to clean up): the agent's and the workers'
+    watchdogs see their parent gone and end the run, grandchildren included, within 5 s."""
+    path = script(tmp_path, "waits.py", WAITS)
+    marker = uuid.uuid4().hex
+    cli, _ = _start_cli(path, marker)
+    run_procs = [pid for pid in find_processes(f"DDPCOURSE_TEST_MARKER={marker}") if pid != cli.pid]
+    assert len(run_procs) >= 5  # agent, 2 ranks, 2 grandchildren (in their own sessions)
+    cli.kill()
+    cli.communicate(timeout=SLACK)
+    deadline = time.monotonic() + 5.0
+    while find_processes(f"DDPCOURSE_TEST_MARKER={marker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert find_processes(f"DDPCOURSE_TEST_MARKER={marker}") == []
+
+
+SOCKETS = """
+    import os, torch, torch.distributed as dist
+    from ddpcourse import report
+    from ddpcourse.processes import RUN_ID_ENV, listening_sockets, processes_of_run
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 0:  # every process of this run is up: the agent, both ranks
+        report(listening=listening_sockets(processes_of_run(os.environ[RUN_ID_ENV])))
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+
+
+def test_two_runs_at_once_and_the_sockets_a_run_listens_on(tmp_path):
+    path = script(tmp_path, "sockets.py", SOCKETS)
     command = [sys.executable, "-m", "ddpcourse", "run", str(path), "--nproc", "2", "--timeout", "60"]
-    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
-    outputs = [r.communicate(timeout=60 + SLACK)[0] for r in runs]
-    assert [r.returncode for r in runs] == [0, 0], outputs
-
-
-@pytest.mark.parametrize("table, expected", [
-    ("Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 12)\n",
-     [(1, 3)]),
-    ("Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 11)\n"
-     "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 12)\n",
-     [(1, -9), (0, -15)]),
-])
-def test_torchrun_failure_table_is_parsed_root_cause_first(table, expected):
-    assert _agent_exit_codes(table) == expected
-
-
-def test_crash_after_the_script_finished_is_explained():
-    finished = [{"event": "started", "time": 0.0, "pid": 1}, {"event": "finished", "time": 1.0, "pid": 1}]
-    table = "Root Cause (first observed failure):\n[0]:\n  rank      : 2 (local_rank: 2)\n  exitcode  : -6 (pid: 9)\n"
-    failure = _root_cause({rank: finished for rank in range(3)}, 3, table, "lab.py")
-    assert failure.rank == 2
-    assert "ran its script to the end, then was killed by SIGABRT" in failure.summary
-    assert "dist.destroy_process_group()" in failure.summary
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    other = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    result = launch(path, nproc=2, timeout=60)
+    assert other.communicate(timeout=60 + SLACK)[0] and other.returncode == 0
+    assert result.ok, result.message
+    listening = result.reports[0]["listening"]
+    assert listening, "the run's stores listen somewhere"
+    exposed = [(address, port) for address, port, _ in listening if address not in ("127.0.0.1", "::1")]
+    print("listening:", listening)
+    assert exposed == [] or all(address in ("0.0.0.0", "::") for address, _ in exposed)
 
 
 def test_two_nodes_on_this_machine_give_global_and_local_ranks(tmp_path):
     path = script(tmp_path, "nodes.py", """
-        import os, torch.distributed as dist
+        import os
         from ddpcourse import report
-        dist.init_process_group("gloo")
-        report(rank=dist.get_rank(), node=int(os.environ["GROUP_RANK"]), local=int(os.environ["LOCAL_RANK"]))
-        dist.destroy_process_group()
+        report(rank=int(os.environ["RANK"]), node=int(os.environ["GROUP_RANK"]), local=int(os.environ["LOCAL_RANK"]))
         """)
     result = launch(path, nproc=2, nnodes=2, timeout=60)
     assert result.ok, result.message
@@ -250,13 +314,103 @@ def test_max_restarts_restarts_every_rank_after_one_dies(tmp_path):
         attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
         dist.init_process_group("gloo")
         dist.all_reduce(torch.ones(1))  # every rank is connected to every other
-        if attempt == 0 and dist.get_rank() == 2:
-            os._exit(7)  # the first attempt loses rank 2
+        if attempt == 0 and dist.get_rank() == 1:
+            os._exit(7)  # the first attempt loses rank 1
         dist.all_reduce(torch.ones(1))  # the restarted ranks must reconnect, not reuse old addresses
         report(attempt=attempt)
         dist.destroy_process_group()
         """)
-    result = launch(path, nproc=3, timeout=60, torchrun_args=["--max-restarts", "1"])
+    result = launch(path, nproc=2, timeout=60, torchrun_args=["--max-restarts", "1"])
     assert result.ok, result.message
-    assert result.values("attempt") == [1, 1, 1]  # every rank restarted; reports are the last attempt's
-    assert "--- torchrun restarted this rank (restart 1) ---" in result.output[2]
+    assert result.values("attempt") == [1, 1]  # every rank restarted; reports are the last attempt's
+    assert "--- torchrun restarted this rank (restart 1) ---" in result.output[1]
+
+
+# ----------------------------------------------------------------------------- no launch
+def _events(*kinds, **fields):
+    return [{"event": kind, "time": float(i), "pid": 1, **fields} for i, kind in enumerate(kinds)]
+
+
+def test_a_crash_after_the_script_finished_is_explained_from_exit_codes():
+    finished = _events("started", "ready", "finished", process_group_open=False)
+    failure = diagnosis.root_cause({rank: finished for rank in range(3)}, 3, {2: -6, 0: -15}, "lab.py")
+    assert (failure.rank, failure.kind, failure.exitcode) == (2, "signal", -6)
+    assert failure.message == "rank 2 ran its script to the end, then was killed by SIGABRT while exiting."
+
+
+def test_a_rank_that_vanished_is_the_root_cause_not_the_peer_it_left():
+    peer = _events("started", "ready") + [{"event": "exception", "time": 9.0, "pid": 2, "type": "RuntimeError",
+                                           "message": "Connection reset by peer", "traceback": "..."}]
+    failure = diagnosis.root_cause({0: peer, 1: _events("started", "ready")}, 2, {1: 3, 0: -15}, "lab.py")
+    assert (failure.rank, failure.kind, failure.exitcode) == (1, "exit", 3)
+    assert "rank 1 exited with code 3 without a Python exception" in failure.message
+    assert failure.kind in diagnosis.KINDS
+
+
+def test_a_partial_event_line_never_crashes_the_reader(tmp_path):
+    whole = json.dumps({"event": "report", "time": 1.0, "pid": 1, "values": {"x": 1}})
+    (tmp_path / "rank0.events").write_text(whole + "\n" + whole[:17])  # read mid-write
+    reader = EventReader(tmp_path)
+    assert [e["values"] for _, e in reader.poll()] == [{"x": 1}]
+    with open(tmp_path / "rank0.events", "a") as f:  # the rest of the line arrives
+        f.write(whole[17:].replace('"x": 1', '"x": 2') + "\n" + '{"event": "rep')  # then a rank killed mid-write
+    assert reader.reports(0) == {"x": 1} and [e["values"] for _, e in reader.poll()] == [{"x": 2}]
+    reader.close()
+    assert reader.reports(0) == {"x": 2} and reader.damaged == 1
+
+
+def test_threads_divide_the_usable_cores_unless_the_user_chose(monkeypatch, tmp_path):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr("ddpcourse.launcher.cgroup_cpu_quota", lambda: None)
+    assert threads_per_rank(2) == "4" and threads_per_rank(3) == "2" and threads_per_rank(16) == "1"
+    assert build_env(2, tmp_path, "id")["OMP_NUM_THREADS"] == "4"  # the launcher sets it, torchrun would say 1
+    monkeypatch.setattr("ddpcourse.launcher.cgroup_cpu_quota", lambda: 2.5)  # a container granted 2.5 CPUs
+    assert threads_per_rank(2) == "1" and threads_per_rank(1) == "2"
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    assert build_env(2, tmp_path, "id")["OMP_NUM_THREADS"] == "6"
+
+
+def test_cgroup_quota_is_read_from_v2_and_v1_files(tmp_path):
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert cgroup_cpu_quota(tmp_path) == 2.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(tmp_path) is None
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(tmp_path) == 3.0
+
+
+def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys):
+    """A run whose launcher is gone (here: a pid that ended) is left over; cleanup ends it. Only this test's
+    own run is looked at: other runs on this machine are not the test's to end."""
+    run_id = uuid.uuid4().hex
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    env = dict(os.environ, **{RUN_ID_ENV: run_id, processes.LAUNCHER_PID_ENV: str(gone.pid)})
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env)
+    mine = lambda found: found.run_id == run_id  # noqa: E731
+    try:
+        deadline = time.monotonic() + 10
+        while not processes_of_run(run_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = dict(env, **{processes.LAUNCHER_PID_ENV: str(os.getpid())})
+        assert processes.leftover_runs(select=lambda found: found.run_id == run_id)[0].processes[0][0] == orphan.pid
+        ended = processes.end_leftover_runs(select=mine)
+        printed = capsys.readouterr().out
+        assert [r.run_id for r in ended] == [run_id]
+        assert f"ended run {run_id[:12]}: 1 process(es)" in printed and str(orphan.pid) in printed
+        assert not psutil.pid_exists(orphan.pid)  # killed and reaped
+        assert processes.end_leftover_runs(select=mine) == [] and "no left-over course runs" in capsys.readouterr().out
+        # a run whose launcher still runs (this process) is not left over
+        active = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=alive)
+        try:
+            assert processes.leftover_runs(select=mine) == []
+            assert len(processes.leftover_runs(include_active=True, select=mine)) == 1
+        finally:
+            active.kill()
+            active.wait()
+    finally:
+        orphan.kill()

@@ -13,7 +13,8 @@ from ddpcourse.__main__ import main
 from ddpcourse.makelabs import make_lab, make_labs
 from ddpcourse.paths import COURSE_ROOT
 from ddpcourse.progress import (CHECK_FAILS, MISSING, NO_COMPILE, NOT_STARTED, PASSES, TODOS_OPEN,
-                                collect_status, format_status, open_todos, reset, solution_files)
+                                collect_status, format_status, reset, solution_files)
+from ddpcourse.todos import open_todos, reveal_hint, solution_regions
 
 SOLUTIONS = solution_files()
 
@@ -49,10 +50,11 @@ def no_launch(monkeypatch):
 
 def test_generated_labs_are_not_started_and_nothing_is_launched(tmp_path, no_launch):
     report = collect_status(fresh_labs(tmp_path), say=print)
-    assert [row.number for row in report.rows] == sorted(SOLUTIONS) and len(report.rows) == 6
+    assert [row.number for row in report.rows] == sorted(SOLUTIONS)
     assert {row.state for row in report.rows} == {NOT_STARTED}
     assert report.launches == 0
-    assert report.row("00").detail == "3 TODOs: start with TODO 1"
+    for number, solution in SOLUTIONS.items():
+        assert report.row(number).detail == f"{len(solution_regions(solution))} TODOs: start with TODO 1"
 
 
 def test_open_todos_are_all_listed_not_one_at_a_time(tmp_path, no_launch):
@@ -61,7 +63,10 @@ def test_open_todos_are_all_listed_not_one_at_a_time(tmp_path, no_launch):
     lab.write_text(do_todo(generated("00"), 1, "return value.clone()"))  # TODO 1 done (wrongly): 2 and 3 open
     row = collect_status(labs, say=print).row("00")
     assert row.state == TODOS_OPEN and row.todos == [2, 3]
-    assert row.detail.startswith("open: TODO 2, 3; next: TODO 2: clone value, then all_reduce")
+    hints = solution_regions(SOLUTIONS["00"])[2].hints
+    assert row.detail == f"open: TODO 2, 3; next: TODO 2: {hints[1]}"
+    reveal_hint(lab)  # `python -m ddpcourse hint 00`: status now shows TODO 2's second level
+    assert collect_status(labs, say=print).row("00").detail == f"open: TODO 2, 3; next: TODO 2: {hints[2]}"
 
 
 def test_a_file_that_does_not_compile_is_reported_with_its_line_and_open_todos(tmp_path, no_launch):
@@ -86,9 +91,26 @@ def test_a_missing_lab_says_how_to_get_it_back(tmp_path, no_launch):
 def test_open_todos_reads_both_quote_styles_and_ignores_comments():
     text = ("    raise NotImplementedError('TODO 1: a')\n"
             '    raise NotImplementedError("TODO 12: it\'s b")\n'
+            """    raise NotImplementedError('TODO 13: it\\'s "c"')\n"""
             "    # raise NotImplementedError('TODO 3: commented out')\n"
             "    # TODO 4: only the comment is left\n")
-    assert open_todos(text) == [(1, "a"), (12, "it's b")]
+    assert open_todos(text) == [(1, "a"), (12, "it's b"), (13, 'it\'s "c"')]
+
+
+def test_hint_cli_reveals_one_level_at_a_time_and_remembers_it(tmp_path, capsys):
+    labs = fresh_labs(tmp_path)
+    lab = labs / SOLUTIONS["05"].name
+    region = solution_regions(SOLUTIONS["05"])[3]
+    outputs = []
+    for _ in range(3):
+        assert main(["hint", str(lab), "3"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert "hint 2 of 3" in outputs[0] and region.hints[2] in outputs[0] and "solutions/" not in outputs[0]
+    where = f"solutions/{SOLUTIONS['05'].name} in save_checkpoint(), lines {region.code_lines[0]}-{region.code_lines[-1]}"
+    assert "hint 3 of 3" in outputs[1] and where in outputs[1] and "last level" in outputs[1]
+    assert outputs[2] == outputs[1]  # level 3 is the last
+    assert main(["hint", str(lab)]) == 0 and "TODO 1 of" in capsys.readouterr().out  # default: the first open TODO
+    assert main(["hint", str(lab), "9"]) == 2 and "not 9" in capsys.readouterr().err
 
 
 def test_status_cli_checks_only_finished_labs_once_on_two_ranks(tmp_path):

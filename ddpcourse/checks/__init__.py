@@ -24,10 +24,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpcourse.launcher import DEFAULT_TIMEOUT
 from ddpcourse.launcher import run as launch
 from ddpcourse.paths import display_path, lab_number, resolve_lab
+from ddpcourse.todos import todo_status
 
-CHECK_TIMEOUT = 60.0
 # A folder where passing verdicts are kept, keyed by everything they depend on (the lab file, the check,
 # this package's code, the world size). The test suite sets it so that a notebook's check cell reuses the
 # verdict the unit tests already computed for the same solution instead of launching it again.
@@ -36,9 +37,17 @@ CACHE_ENV = "DDPCOURSE_CHECK_CACHE"
 
 @dataclass
 class Check:
-    name: str
+    name: str            # "nproc=N: <claim>" once check_lab has run it on N ranks
     passed: bool
     detail: str = ""
+    nproc: int = None    # the world size it was judged on
+    failure: object = None  # the launcher's RankFailure when the run itself failed (kind, rank, todo, message)
+
+    @property
+    def claim(self):
+        """The name without its world size: what was checked."""
+        prefix = f"nproc={self.nproc}: "
+        return self.name[len(prefix):] if self.nproc and self.name.startswith(prefix) else self.name
 
     def __str__(self):
         text = f"{'PASS' if self.passed else 'FAIL'}  {self.name}"
@@ -50,6 +59,8 @@ class CheckReport:
     file: str
     results: list = field(default_factory=list)
     skipped: str = ""
+    todos: list = field(default_factory=list)  # open TODO numbers: then nothing was launched
+    launched: bool = False
 
     @property
     def passed(self):
@@ -58,6 +69,11 @@ class CheckReport:
     @property
     def failures(self):
         return [c for c in self.results if not c.passed]
+
+    @property
+    def run_failure(self):
+        """The launcher's RankFailure of the run that did not end well, or None (the lab ran; see failures)."""
+        return next((c.failure for c in self.results if c.failure is not None), None)
 
     def summary(self):
         ok = sum(c.passed for c in self.results)
@@ -75,10 +91,12 @@ def close(a, b, tol=1e-9):
     return isinstance(a, (int, float)) and math.isclose(a, b, rel_tol=tol, abs_tol=tol)
 
 
-def check_lab(lab, nproc=None, timeout=CHECK_TIMEOUT, quiet=False):
+def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     """Run the lab with each world size its check needs and print PASS/FAIL with the reasons.
 
     nproc: one world size instead of all. Stops at the first world size with a failure: fix it first.
+    A lab with open TODOs is not run: the report lists them (``.todos``) with the next one's hint.
+    Raises FileNotFoundError for a path that does not exist and ValueError for a file of no lab.
     """
     path = resolve_lab(lab)
     number = lab_number(path)
@@ -86,41 +104,54 @@ def check_lab(lab, nproc=None, timeout=CHECK_TIMEOUT, quiet=False):
         module = importlib.import_module(f"ddpcourse.checks.lab{number}")
     except ModuleNotFoundError:
         raise ValueError(f"{path.name}: no lab check for lab {number!r}; lab files are named NN_name.py")
-    sizes = (nproc,) if nproc else module.NPROCS
     report = CheckReport(str(path))
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
+    unfinished = todo_status(path)
+    if unfinished.todos:
+        report.todos = unfinished.numbers
+        report.results.append(Check("every TODO is done", False, unfinished.describe().splitlines()[0]))
+        say(unfinished.describe())
+        return report
+    sizes = (nproc,) if nproc else module.NPROCS
     say(f"Checking {display_path(path)} (lab {number}) on {', '.join(map(str, sizes))} rank(s)")
     for i, size in enumerate(sizes):
         say(f"... running the lab on {size} rank(s) (timeout {timeout:g} s per run)")
         found = _cached(path, module, size)
-        if found is not None:
-            for check in found:
-                say(str(check))
-            report.results.extend(found)
-            continue
-        with tempfile.TemporaryDirectory(prefix="ddpcourse-check-") as workdir:
-            specs = module.runs(workdir) if hasattr(module, "runs") else {"": {}}
-            results, found = {}, []
-            for name, spec in specs.items():
-                results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
-                if not result.ok:
-                    label = f" ({name} run)" if name else ""
-                    extra = module.explain_failure(result) if hasattr(module, "explain_failure") else ""
-                    detail = result.message + (f"\n      {extra}" if extra else "")
-                    found = [Check(f"nproc={size}: the lab runs to the end{label}", False, detail)]
-                    break
-            if not found:
-                outcome = module.checks(results if hasattr(module, "runs") else results[""])
-                found = [Check(f"nproc={size}: {c.name}", c.passed, "" if c.passed else c.detail) for c in outcome]
+        if found is None:
+            found = _check_world_size(path, module, size, timeout)
+            report.launched = True
+            _remember(path, module, size, found)
         for check in found:
             say(str(check))
         report.results.extend(found)
-        _remember(path, module, size, found)
         if not all(c.passed for c in found) and i + 1 < len(sizes):
             report.skipped = f"not run with nproc={', '.join(map(str, sizes[i + 1:]))}: fix the failures above first"
             break
     say(report.summary())
     return report
+
+
+def _check_world_size(path, module, size, timeout):
+    """Launch the lab (each of the check's runs) on ``size`` ranks and judge it: a list of Checks."""
+    with tempfile.TemporaryDirectory(prefix="ddpcourse-check-") as workdir:
+        specs = module.runs(workdir) if hasattr(module, "runs") else {"": {}}
+        results = {}
+        for name, spec in specs.items():
+            results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
+            if not result.ok:
+                label = f" ({name} run)" if name else ""
+                extra = module.explain_failure(result) if hasattr(module, "explain_failure") else ""
+                detail = result.message + (f"\n      {extra}" if extra else "")
+                return [Check(f"nproc={size}: the lab runs to the end{label}", False, detail, size, result.failure)]
+        try:
+            outcome = module.checks(results if hasattr(module, "runs") else results[""])
+        except KeyError as missing:  # RunResult.values: a rank never reported a value the check reads
+            return [Check(f"nproc={size}: the lab reports every value its check reads", False,
+                          f"{missing.args[0] if missing.args else missing}: is its report(...) call still there?", size)]
+        except (TypeError, ValueError, IndexError) as exc:  # a value of the wrong kind or shape
+            return [Check(f"nproc={size}: the lab reports values the check can read", False,
+                          f"{type(exc).__name__}: {exc}", size)]
+    return [Check(f"nproc={size}: {c.name}", c.passed, "" if c.passed else c.detail, size) for c in outcome]
 
 
 def _cache_file(path, module, size):
@@ -143,4 +174,5 @@ def _cached(path, module, size):
 def _remember(path, module, size, found):
     cache = _cache_file(path, module, size)
     if cache is not None and found and all(c.passed for c in found):  # only passes: a failure is rerun
-        cache.write_text(json.dumps([vars(c) for c in found]))
+        cache.write_text(json.dumps([{"name": c.name, "passed": c.passed, "detail": c.detail, "nproc": c.nproc}
+                                     for c in found]))

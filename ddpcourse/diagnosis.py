@@ -1,0 +1,151 @@
+"""Which rank's failure explains a failed run, as data (RankFailure) and as one line a learner can act on.
+
+Inputs are structured: each rank's events (ddpcourse.events) and each rank's exit code as torchrun's
+agent saw it (ChildFailedError.failures, saved by ddpcourse.agent) or as the launcher saw it (one-process
+runs). No printed text is parsed, except the one thing only text carries: whether an exception was a
+consequence of a peer going away (gloo says so in its message).
+"""
+import re
+import signal
+from dataclasses import dataclass
+
+from ddpcourse.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED
+
+# RankFailure.kind
+EXCEPTION_KIND, EXIT_KIND, SIGNAL, TODO, TIMEOUT, OPEN_PROCESS_GROUP = (
+    "exception", "exit", "signal", "todo", "timeout", "open_process_group")
+KINDS = (EXCEPTION_KIND, EXIT_KIND, SIGNAL, TODO, TIMEOUT, OPEN_PROCESS_GROUP)
+# Errors a rank gets *because another rank went away*: never the root cause while another rank has one.
+PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+                       r"ECONNRESET|Socket Timeout|Connection refused|recvBytes", re.I)
+
+
+@dataclass
+class RankFailure:
+    """Why a run failed: the root-cause ``rank`` and what happened to it.
+
+    kind: one of KINDS. exitcode: that rank's exit code (negative: killed by that signal), None if unknown.
+    todo: the TODO number when kind is "todo". message: one line a learner can act on. details: the
+    traceback or the peers' errors, formatted. error: "Type: first line" of the exception, if any.
+    hint: the TODO's hint, if any."""
+    rank: int
+    kind: str
+    exitcode: int = None
+    todo: int = None
+    message: str = ""
+    details: str = ""
+    error: str = ""
+    hint: str = ""
+
+    @property
+    def summary(self):  # the older name of ``message``
+        return self.message
+
+
+def describe_exit(code):
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        extra = " (SIGKILL often means out of memory)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{extra}"
+    return f"exited with code {code} without a Python exception (os._exit or a crash)"
+
+
+def _exit_kind(code):
+    return SIGNAL if code is not None and code < 0 else EXIT_KIND
+
+
+def _first_line(text):
+    lines = str(text).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _error(row):
+    return f"{row['type']}: {_first_line(row['message'])}"
+
+
+def _peer_errors(exceptions):
+    return "\n".join(f"  rank {r}: {row['type']}: {_first_line(row['message'])[:160]}" for r, row in exceptions)
+
+
+def root_cause(events, world_size, exit_codes, display_file):
+    """The RankFailure that explains the run, or None when every rank ended well.
+
+    events: {rank: [event, ...]} of each rank's latest attempt; exit_codes: {rank: code} of the ranks
+    whose process ended with a non-zero code (others: absent or 0)."""
+    exceptions, exits, finished, silent = [], [], [], []
+    for rank in range(world_size):
+        rows = events.get(rank, [])
+        ends = [row for row in rows if row["event"] in (EXCEPTION, EXIT, FINISHED, INTERRUPTED)]
+        if not ends:
+            silent.append(rank)
+        for row in ends:
+            {EXCEPTION: exceptions, EXIT: exits, FINISHED: finished}.get(row["event"], []).append((rank, row))
+    codes = {rank: code for rank, code in exit_codes.items() if code}
+    silent = [r for r in silent if events.get(r) or r in codes]  # a rank that never started says nothing
+
+    own = [(r, e) for r, e in exceptions if not PEER_GONE.search(e["message"])]
+    if own or exits:
+        rank, row = min(own + exits, key=lambda item: item[1]["time"])
+        if row["event"] == EXIT:
+            return RankFailure(rank, EXIT_KIND, codes.get(rank, row["code"]),
+                               message=f"rank {rank} called sys.exit({row['message']}).")
+        return _exception_failure(rank, row, exceptions, codes, display_file)
+
+    if silent or exceptions:
+        # A rank that vanished without a Python exception (killed, os._exit) explains the peers' errors;
+        # SIGTERM is torchrun stopping the survivors, so those come last.
+        died = sorted((r for r in silent if codes.get(r)), key=lambda r: (codes[r] == -signal.SIGTERM, r))
+        if died or (silent and not exceptions):
+            rank = (died or silent)[0]
+            code = codes.get(rank)
+            how = describe_exit(code) if code is not None else "stopped without a Python exception"
+            return RankFailure(rank, _exit_kind(code), code, details=_peer_errors(exceptions),
+                               message=f"rank {rank} {how}: the other ranks lost their peer.")
+        rank, row = min(exceptions, key=lambda item: item[1]["time"])
+        early = [r for r, _ in finished]
+        if early:
+            return RankFailure(
+                rank, EXCEPTION_KIND, codes.get(rank), details=row["traceback"], error=_error(row),
+                message=f"rank {rank} failed in a collective because rank(s) {early} had already ended. "
+                        "Every rank must make the same collective calls in the same order.")
+        return _exception_failure(rank, row, exceptions, codes, display_file)
+
+    open_group = [r for r, row in finished if row.get("process_group_open")]
+    crashed = [r for r, _ in finished if codes.get(r, 0) not in (0, -signal.SIGTERM)]
+    if open_group:
+        rank = open_group[0]
+        then = f", then {describe_exit(codes[rank])} while exiting" if rank in crashed else ""
+        also = f" (ranks {open_group[1:]} too)" if open_group[1:] else ""
+        return RankFailure(rank, OPEN_PROCESS_GROUP, codes.get(rank, 0),
+                           message=f"rank {rank} ended with its process group open{also}{then}: call "
+                                   "dist.destroy_process_group() at the end of the script.")
+    if crashed:
+        rank = crashed[0]
+        return RankFailure(rank, _exit_kind(codes[rank]), codes[rank],
+                           message=f"rank {rank} ran its script to the end, then {describe_exit(codes[rank])} "
+                                   "while exiting.")
+    return None
+
+
+def _exception_failure(rank, row, exceptions, codes, display_file):
+    todo = row.get("todo")
+    if todo:
+        hint = f": {todo['hint']}" if todo["hint"] else ""
+        where = f" (line {row['lab_line']})" if "lab_line" in row else ""
+        return RankFailure(rank, TODO, codes.get(rank), todo=todo["number"], hint=todo["hint"],
+                           error=_error(row), details=row["traceback"].rstrip(),
+                           message=f"TODO {todo['number']} in {display_file} is not done yet{where}{hint}")
+    twins = sorted(r for r, e in exceptions if e["message"] == row["message"] and e["type"] == row["type"])
+    if twins and twins[0] != rank:  # the same error on several ranks: name the lowest, whatever came first
+        rank, row = twins[0], dict(exceptions)[twins[0]]
+    same = sorted(r for r, e in exceptions if e["message"] == row["message"] and r != rank)
+    also = f" (ranks {same} raised the same error)" if same else ""
+    others = [(r, e) for r, e in exceptions if r != rank and r not in same]
+    details = row["traceback"].rstrip()
+    if others:
+        details += "\nThe other ranks failed as a consequence:\n" + _peer_errors(others)
+    return RankFailure(rank, EXCEPTION_KIND, codes.get(rank), error=_error(row), details=details,
+                       message=f"rank {rank} raised {row['type']}: {_first_line(row['message'])}{also}")

@@ -1,0 +1,108 @@
+"""The event protocol between a rank and the launcher: one JSON line per event, one file per rank.
+
+The worker (ddpcourse._worker) and ``report()`` write ``rank<r>.events`` in the run folder
+($DDPCOURSE_RUN_DIR); the launcher reads them while the run goes on and once it is over. Kinds:
+
+    started      the worker began (pid, local_rank, restart: torchrun's restart count)
+    ready        the script is about to run: imports are done, the launcher's timeout starts
+    report       values the script passed to report(...)
+    wrote        a file written under a watched folder (a worker hook, see ddpcourse._worker)
+    exception    the exception that ended the rank (type, message, traceback, todo, lab_line)
+    exit         sys.exit with a non-zero code (code, message)
+    finished     the script ran to its end (process_group_open: the default group was still initialized)
+    interrupted  KeyboardInterrupt
+
+This module never imports torch: the launcher process imports it too.
+"""
+import json
+import os
+import time
+from pathlib import Path
+
+RUN_DIR_ENV = "DDPCOURSE_RUN_DIR"
+STARTED, READY, REPORT, WROTE = "started", "ready", "report", "wrote"
+EXCEPTION, EXIT, FINISHED, INTERRUPTED = "exception", "exit", "finished", "interrupted"
+ENDINGS = (EXCEPTION, EXIT, FINISHED, INTERRUPTED)
+
+
+def _rank():
+    return int(os.environ.get("RANK", "0"))
+
+
+def write_event(kind, **fields):
+    """Append one event to this rank's event file; a no-op outside the launcher."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir:
+        return
+    event = {"event": kind, "time": time.time(), "pid": os.getpid(), **fields}
+    line = (json.dumps(event) + "\n").encode("utf-8")
+    # One write() of the whole line in append mode: a reader sees it whole or not at all (killed mid-write:
+    # a partial last line, which the reader skips).
+    fd = os.open(os.path.join(run_dir, f"rank{_rank()}.events"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+class EventReader:
+    """Follows every rank's event file as it grows; only complete lines count.
+
+    ``events(rank)`` is that rank's latest attempt: a rank restarted by torchrun starts a new history.
+    A line cut short (read mid-write, or its rank killed while writing) is never parsed; at the end of a
+    run such a remainder is dropped and counted in ``damaged``.
+    """
+
+    def __init__(self, run_dir):
+        self.run_dir = Path(run_dir)
+        self.offsets, self.partial, self.rows = {}, {}, {}
+        self.damaged = 0
+
+    def poll(self):
+        """Read what was appended since the last call; returns the new events as (rank, event)."""
+        new = []
+        for path in self.run_dir.glob("rank*.events"):
+            rank = int(path.stem[4:])
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(rank, 0))
+                    chunk = f.read()
+            except OSError:
+                continue
+            self.offsets[rank] = self.offsets.get(rank, 0) + len(chunk)
+            *lines, rest = (self.partial.pop(rank, b"") + chunk).split(b"\n")
+            if rest:
+                self.partial[rank] = rest
+            for line in lines:
+                try:
+                    event = json.loads(line)
+                except ValueError:  # not one of ours (a damaged line): skip it, never crash
+                    self.damaged += 1
+                    continue
+                if event.get("event") == STARTED:
+                    self.rows[rank] = []
+                self.rows.setdefault(rank, []).append(event)
+                new.append((rank, event))
+        return new
+
+    def close(self):
+        """The final read: complete lines only; a partial last line is dropped."""
+        self.poll()
+        self.damaged += len(self.partial)
+        self.partial.clear()
+
+    def events(self, rank):
+        return self.rows.get(rank, [])
+
+    def ranks(self):
+        return sorted(self.rows)
+
+    def first(self, rank, kind):
+        return next((e for e in self.events(rank) if e.get("event") == kind), None)
+
+    def reports(self, rank):
+        merged = {}
+        for event in self.events(rank):
+            if event.get("event") == REPORT:
+                merged.update(event["values"])
+        return merged

@@ -1,0 +1,67 @@
+"""What a run prints: every rank's lines as they come, and the one-paragraph verdict at the end.
+
+Terminal: tagged lines ``[rank r] text`` printed live. Jupyter: a live view (ddpcourse.display), then the
+lines grouped by rank, so a cell's permanent output is the same on every run.
+"""
+from ddpcourse.stacks import stacks_text
+
+
+class RunPrinter:
+    def __init__(self, show, world_size, label, timeout):
+        self.show = show
+        self.view = None
+        if show != "none" and in_jupyter():
+            from ddpcourse.display import LiveRunView
+            self.view = LiveRunView(label, world_size, timeout)
+
+    def line(self, rank, text):
+        if self.show == "none" or (self.show == "rank0" and rank != 0):
+            return
+        if self.view is not None:
+            self.view.add(rank, text)
+        else:
+            print(f"[rank {rank}] {text}", flush=True)
+
+    def tick(self, elapsed):
+        if self.view is not None:
+            self.view.tick(elapsed)
+
+    def finish(self, output):
+        if self.view is None:
+            return
+        self.view.close()
+        for rank in sorted(output):
+            if self.show == "rank0" and rank != 0:
+                continue
+            for text in output[rank]:
+                print(f"[rank {rank}] {text}")
+
+
+def in_jupyter():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def verdict(result, shown):
+    """The run's verdict: OK, TIMEOUT with every rank's stack, or FAILED with the root cause."""
+    took = f" in {result.duration:.1f} s" if result.duration else ""
+    if result.ok:
+        nodes = f" ({result.nnodes} nodes of {result.nproc})" if result.nnodes > 1 else ""
+        return f"OK: {shown} finished on {result.world_size} rank{'s' if result.world_size > 1 else ''}{nodes}{took}."
+    if result.timed_out:
+        return "\n".join([f"TIMEOUT: {shown} did not finish{took}; all its processes were killed. "
+                          "Where each rank was (most recent call first):",
+                          stacks_text(result.stacks, result.world_size),
+                          "A rank waiting in a collective usually means another rank never made the matching call."])
+    failure = result.failure
+    if failure is None:
+        tail = "\n".join(result.agent_output.strip().splitlines()[-15:])
+        return f"FAILED: {shown} (exit code {result.returncode}); torchrun said:\n{tail}"
+    text = f"FAILED: {failure.message}"
+    if failure.details:
+        text += "\n" + failure.details.rstrip()
+    return text

@@ -1,0 +1,224 @@
+"""The processes of a run: find them, end them, and make them end themselves when nobody is left to.
+
+Every process of a run carries ``DDPCOURSE_RUN_ID=<id>`` in its environment (children inherit it), so a
+grandchild that left its session (setsid) or was re-parented is still found. Listing uses psutil, which
+works on Linux, macOS and Windows (no /proc scan).
+
+Two layers, so that no process outlives its run:
+- the launcher collects the run's whole tree (children of the processes it started, plus every process
+  with the run's marker) *before* killing any of it, then kills it;
+- the agent wrapper and every worker run ``watch_parent``: when the process that started them is gone
+  (the kernel or the CLI was killed, even with SIGKILL), they end their own descendants and exit.
+
+``leftover_runs`` / ``end_leftover_runs`` serve ``python -m ddpcourse cleanup``.
+"""
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+RUN_ID_ENV = "DDPCOURSE_RUN_ID"
+LAUNCHER_PID_ENV = "DDPCOURSE_LAUNCHER_PID"  # the process whose run this is (a run is left over once it is gone)
+WATCH_INTERVAL = 0.2  # seconds between two looks at the parent: well within the 5 s a run may outlive its parent
+
+
+def _psutil():
+    import psutil  # imported on first use: a rank that never needs it does not pay for it
+
+    return psutil
+
+
+def _environ(proc):
+    psutil = _psutil()
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:  # already dead, only waiting for its parent
+            return None
+        return proc.environ()
+    except (psutil.Error, OSError):  # gone, another user's, or not readable on this OS
+        return None
+
+
+def find_processes(env_entry):
+    """PIDs of live processes of this user whose environment holds ``env_entry`` ("NAME=value")."""
+    name, _, value = env_entry.partition("=")
+    found = []
+    for proc in _psutil().process_iter():
+        environ = _environ(proc)
+        if environ is not None and environ.get(name) == value:
+            found.append(proc.pid)
+    return found
+
+
+def processes_of_run(run_id):
+    """PIDs of every live process started by run ``run_id``."""
+    return find_processes(f"{RUN_ID_ENV}={run_id}") if run_id else []
+
+
+def collect_tree(root_pids, run_id):
+    """psutil.Process objects of the run: the roots, all their descendants, every process with its marker.
+
+    Collected before anything is killed: a killed parent's children are re-parented and lose their link."""
+    psutil = _psutil()
+    tree = {}
+    for pid in root_pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                tree[proc.pid] = proc
+        except psutil.Error:
+            pass
+    try:
+        for pid in processes_of_run(run_id):
+            if pid not in tree:
+                tree[pid] = psutil.Process(pid)
+    except (psutil.Error, OSError):
+        pass  # listing unavailable: the roots' trees, the process groups and the watchdogs remain
+    tree.pop(os.getpid(), None)
+    return list(tree.values())
+
+
+def kill_run(popens, run_id):
+    """SIGKILL every process of the run (see collect_tree), then reap the ones this process started."""
+    psutil = _psutil()
+    for _ in range(3):  # a dying parent can fork once more: sweep until nothing is left
+        try:
+            procs = collect_tree([p.pid for p in popens if p.poll() is None], run_id)
+        except (psutil.Error, OSError):
+            procs = []
+        for popen in popens:
+            _kill_group(popen)
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=2)
+        if not procs:
+            break
+    for popen in popens:
+        try:
+            popen.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - never hang here; the watchdogs end what is left
+            pass
+
+
+def _kill_group(popen):
+    """The agent's own process group (it was started in a new session): a cheap sweep even without listing."""
+    if os.name == "nt" or popen.poll() is not None:
+        return
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def end_own_tree():
+    """Kill this process's descendants and every other process of its run, then this process."""
+    psutil = _psutil()
+    me = psutil.Process()
+    try:
+        procs = collect_tree([me.pid], os.environ.get(RUN_ID_ENV, ""))
+    except (psutil.Error, OSError):
+        procs = []
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    os._exit(1)  # nobody is left to read anything this process would still do
+
+
+def watch_parent(on_orphan=end_own_tree, interval=WATCH_INTERVAL):
+    """Call ``on_orphan`` (in a daemon thread) as soon as this process's parent is gone.
+
+    Portable: a process whose parent died is re-parented, so its parent pid changes (no prctl needed)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(interval)
+        on_orphan()
+
+    threading.Thread(target=watch, name="ddpcourse-watchdog", daemon=True).start()
+
+
+def listening_sockets(pids):
+    """[(address, port, pid)] of every TCP socket the processes ``pids`` listen on."""
+    psutil = _psutil()
+    found = []
+    for pid in pids:
+        try:
+            connections = psutil.Process(pid).net_connections(kind="tcp")
+        except psutil.Error:
+            continue
+        found += [(c.laddr.ip, c.laddr.port, pid) for c in connections if c.status == psutil.CONN_LISTEN]
+    return sorted(found)
+
+
+# ----------------------------------------------------------------------------- left-over runs
+@dataclass
+class LeftoverRun:
+    run_id: str
+    launcher_pid: int
+    processes: list = field(default_factory=list)  # [(pid, command line)]
+
+
+def leftover_runs(include_active=False, select=None):
+    """This user's course runs whose launcher (a kernel, a CLI) is gone, or every run if include_active.
+
+    A run is left over only when it names its launcher and that process is provably gone: a run started
+    by an older version (no launcher recorded) is left alone. select: keep only the runs it accepts."""
+    psutil = _psutil()
+    me = psutil.Process()
+    user = me.username()
+    runs = {}
+    for proc in psutil.process_iter(["username", "cmdline"]):
+        if proc.pid == me.pid or proc.info["username"] != user:
+            continue
+        environ = _environ(proc)
+        run_id = (environ or {}).get(RUN_ID_ENV)
+        if not run_id:
+            continue
+        launcher = int(environ.get(LAUNCHER_PID_ENV) or 0)
+        run = runs.setdefault(run_id, LeftoverRun(run_id, launcher))
+        run.processes.append((proc.pid, " ".join(proc.info["cmdline"] or [proc.name()])))
+    found = [run for run in runs.values() if select is None or select(run)]
+    return [run for run in found if include_active or (run.launcher_pid and not _alive_launcher(run))]
+
+
+def _alive_launcher(run):
+    """True while the launcher of ``run`` still runs (a reused pid started later does not count)."""
+    psutil = _psutil()
+    try:
+        launcher = psutil.Process(run.launcher_pid)
+        started = min(psutil.Process(pid).create_time() for pid, _ in run.processes)
+    except (psutil.Error, ValueError):
+        return False
+    return launcher.create_time() <= started
+
+
+def end_leftover_runs(include_active=False, say=print, select=None):
+    """End this user's left-over runs (see leftover_runs), saying what was ended; returns the runs."""
+    psutil = _psutil()
+    runs = leftover_runs(include_active, select)
+    for run in runs:
+        procs = []
+        for pid, _ in run.processes:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
+        for proc in procs:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+        say(f"ended run {run.run_id[:12]}: {len(run.processes)} process(es)")
+        for pid, command in run.processes:
+            say(f"  {pid}  {command[:150]}")
+    if not runs:
+        say("no left-over course runs" + ("" if include_active else " (runs whose notebook or terminal still "
+                                               "waits for them are left alone; --all ends them too)"))
+    return runs

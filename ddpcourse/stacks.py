@@ -1,0 +1,84 @@
+"""Where each rank is: ask the live ranks for their Python stacks and format the lab's thread.
+
+Each worker registers faulthandler on SIGUSR1, writing every thread's stack to ``rank<r>.stacks`` in the
+run folder (ddpcourse._worker). Windows has no SIGUSR1: there a timeout shows no stacks.
+"""
+import linecache
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from ddpcourse.paths import display_path
+
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+
+
+def dump_stacks(run_dir, pids, wait=2.0):
+    """{rank: raw faulthandler text} for the ranks ``pids`` ({rank: pid}) that are still alive."""
+    if not hasattr(signal, "SIGUSR1"):
+        return {}
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    files = {rank: Path(run_dir) / f"rank{rank}.stacks" for rank in pids}
+    deadline = time.monotonic() + wait
+
+    def written(path):
+        try:
+            return path.stat().st_size > 0
+        except OSError:
+            return False
+
+    while time.monotonic() < deadline and not all(written(f) for f in files.values()):
+        time.sleep(0.05)
+    time.sleep(0.2)  # the handler writes thread by thread: let it finish
+    return {rank: f.read_text(errors="replace") for rank, f in files.items() if written(f)}
+
+
+def _short(path):
+    """site-packages/torch/x.py -> torch/x.py; course files relative to the course root."""
+    marker = "site-packages" + os.sep
+    if marker in path:
+        return path.split(marker, 1)[1]
+    return display_path(path) if os.path.isabs(path) else path
+
+
+def format_stack(raw, lab_file):
+    """The thread that is running the lab, most recent call first, the lab's own lines marked ``->``."""
+    threads, current = [], None
+    for line in raw.splitlines():
+        if "(most recent call first)" in line:
+            current = []
+            threads.append(current)
+        elif current is not None:
+            match = _FRAME.match(line)
+            if match:
+                current.append((match.group(1), int(match.group(2)), match.group(3)))
+    lab_file = str(Path(lab_file).resolve())
+    lab_threads = [t for t in threads if any(os.path.abspath(f) == lab_file for f, _, _ in t)]
+    if not lab_threads:
+        return raw.strip()
+    out = []
+    for filename, lineno, func in lab_threads[-1]:
+        if "runpy" in filename or filename.endswith("_worker.py"):
+            break
+        if filename.startswith("<frozen importlib"):  # the import machinery: noise between modules
+            continue
+        if os.path.abspath(filename) == lab_file:
+            code = linecache.getline(filename, lineno).strip()
+            out.append(f"  -> {_short(filename)}:{lineno} in {func}:  {code}")
+        else:
+            out.append(f"     {_short(filename)}:{lineno} in {func}")
+    return "\n".join(out)
+
+
+def stacks_text(stacks, world_size):
+    parts = []
+    for rank in range(world_size):
+        stack = stacks.get(rank)
+        parts.append(f"rank {rank}:\n{stack}" if stack else f"rank {rank}: no stack (not running yet, or already gone)")
+    return "\n".join(parts)
