@@ -1,6 +1,7 @@
 # =====================================================================================================
 # Lab 06, learner copy: fill in every TODO, then check your work with
 #     python -m ddpcourse check labs/06_ddp_from_the_inside.py
+# Stuck on a TODO? `python -m ddpcourse hint 06` shows the next hint, one level at a time.
 # Generated from solutions/06_ddp_from_the_inside.py by `python -m ddpcourse make-labs`; course authors edit that file.
 # =====================================================================================================
 """Lab 06: BucketedDDP, your own DistributedDataParallel with buckets that overlap the backward pass.
@@ -31,6 +32,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+FIRST_BUCKET_MB = 1.0  # torch's DDP: dist._DEFAULT_FIRST_BUCKET_BYTES
+
 
 class BucketedDDP(nn.Module):
     """Data parallelism with gradient buckets all-reduced during the backward pass.
@@ -38,27 +41,32 @@ class BucketedDDP(nn.Module):
     After ``loss.backward()`` call ``finish_gradient_synchronization()``, then ``optimizer.step()``.
     """
 
-    def __init__(self, module, bucket_cap_mb=25.0):
+    def __init__(self, module, bucket_cap_mb=25.0, process_group=None):
         super().__init__()
         self.module = module
-        self.world_size = dist.get_world_size()
+        self.process_group = process_group  # None: all ranks (as torch's DDP; the notebook uses subgroups)
+        self.world_size = dist.get_world_size(process_group)
         self.require_sync = True  # False inside no_sync()
         with torch.no_grad():  # every rank starts from rank 0's weights and buffers
             for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor, src=0)
+                dist.broadcast(tensor, group=process_group, group_src=0)
         # parameters() lists a weight shared by two layers once; frozen parameters get no gradient.
         params = [p for p in module.parameters() if p.requires_grad]
-        # Gradients become ready roughly in reverse registration order: fill buckets in that order.
-        cap_bytes = bucket_cap_mb * 2**20
-        self.buckets, size = [], 0
+        # Gradients become ready roughly in reverse registration order: fill buckets in that order. As in
+        # torch's DDP, a bucket closes once it holds bucket_cap_mb, and the first one at 1 MiB already,
+        # so that the first all-reduce starts early in the backward.
+        caps = [min(FIRST_BUCKET_MB, bucket_cap_mb) * 2**20, bucket_cap_mb * 2**20]
+        self.buckets, size = [[]], 0
         for param in reversed(params):
-            nbytes = param.numel() * param.element_size()
-            if not self.buckets or size + nbytes > cap_bytes:
+            self.buckets[-1].append(param)
+            size += param.numel() * param.element_size()
+            if size >= caps[len(self.buckets) > 1]:
                 self.buckets.append([])
                 size = 0
-            self.buckets[-1].append(param)
-            size += nbytes
+        self.buckets = [bucket for bucket in self.buckets if bucket]
         self.bucket_of = {param: i for i, bucket in enumerate(self.buckets) for param in bucket}
+        self.sizes = [[param.numel() for param in bucket] for bucket in self.buckets]
+        self.synced_buffers = list(module.buffers())
         self._reset()
         for param in params:
             param.register_post_accumulate_grad_hook(self._grad_ready)
@@ -71,28 +79,31 @@ class BucketedDDP(nn.Module):
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self.require_sync:  # as torch's DDP: rank 0's buffers every step
             with torch.no_grad():
-                for buffer in self.module.buffers():
-                    dist.broadcast(buffer, src=0)
+                for buffer in self.synced_buffers:
+                    dist.broadcast(buffer, group=self.process_group, group_src=0)
         return self.module(*args, **kwargs)
 
     def _grad_ready(self, param):
         """Runs during backward, right after `param.grad` has been accumulated."""
         if not self.require_sync:
             return  # no_sync(): the gradient stays local and accumulates
-        # TODO 1: complete this step
-        raise NotImplementedError('TODO 1: complete this step')
+        # TODO 1: find this parameter's bucket, count one gradient less to wait for, launch the
+        #         bucket at zero
+        raise NotImplementedError("TODO 1: find this parameter's bucket, count one gradient less to wait for, launch the bucket at zero")
 
     def _launch_bucket(self, i):
         """Start the all-reduce of bucket i and return at once: the backward goes on meanwhile."""
-        # TODO 2: complete this step
-        raise NotImplementedError('TODO 2: complete this step')
+        # TODO 2: one flat tensor holding every gradient of the bucket, all-reduced asynchronously
+        #         (keep the work)
+        raise NotImplementedError('TODO 2: one flat tensor holding every gradient of the bucket, all-reduced asynchronously (keep the work)')
 
     def finish_gradient_synchronization(self):
         """Wait for every bucket and write the mean over ranks back into each parameter's .grad."""
         if not self.require_sync:
             return
-        # TODO 3: complete this step
-        raise NotImplementedError('TODO 3: complete this step')
+        # TODO 3: for each bucket: wait, divide the sum by the world size, copy each piece back into
+        #         its .grad
+        raise NotImplementedError('TODO 3: for each bucket: wait, divide the sum by the world size, copy each piece back into its .grad')
         self._reset()
 
     @contextlib.contextmanager
@@ -110,7 +121,7 @@ STEPS = 3
 BATCH_SIZE = 8
 LEARNING_RATE = 0.05
 ONE_BUCKET_MB = 25.0            # the whole model in one bucket (torch's default cap)
-MANY_BUCKETS_MB = 1024 / 2**20  # 1 KiB buckets: the course model needs several
+MANY_BUCKETS_MB = 256 / 2**20  # 256-byte buckets: the course model needs several
 MICRO_BATCHES = 3               # gradient accumulation with no_sync()
 
 

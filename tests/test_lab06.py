@@ -7,12 +7,12 @@ from ddpcourse.checks import check_lab
 from helpers import detail, mutant
 
 LAB = "06_ddp_from_the_inside.py"
-LAUNCH = "        self.works[i] = dist.all_reduce(self.flat[i], async_op=True)\n"
+LAUNCH = "        self.works[i] = dist.all_reduce(self.flat[i], group=self.process_group, async_op=True)\n"
 DIVIDE = "            self.flat[i] /= self.world_size\n"
 
 
 def test_lab06_no_broadcast_at_start_and_waiting_inside_the_hook(tmp_path):
-    path = mutant(tmp_path, LAB, ("                dist.broadcast(tensor, src=0)\n", "                pass\n"),
+    path = mutant(tmp_path, LAB, ("                dist.broadcast(tensor, group=process_group, group_src=0)\n", "                pass\n"),
                   (LAUNCH, LAUNCH + "        self.works[i].wait()  # waits right here, inside the backward\n"))
     report = check_lab(path, nproc=2, quiet=True)
     start = detail(report, "rank 0's weights and buffers")
@@ -27,7 +27,7 @@ def test_lab06_no_broadcast_at_start_and_waiting_inside_the_hook(tmp_path):
 def test_lab06_no_division(tmp_path):
     path = mutant(tmp_path, LAB, (DIVIDE, "            pass  # the sum stays\n"))
     report = check_lab(path, nproc=2, quiet=True)
-    for label in ("(one bucket)", "(1 KiB buckets)"):
+    for label in ("(one bucket)", "(256-byte buckets)"):
         equal = detail(report, f"equal torch's DDP after 3 steps {label}")
         assert not equal.passed and "2x torch's: the SUM over ranks" in equal.detail
     assert not detail(report, "no_sync() accumulates").passed

@@ -11,25 +11,27 @@ import math
 from ddpcourse.checks import Check
 
 NPROCS = (1, 2, 3)
-CONFIG = {"steps": 3, "micro_batches": 3, "caps": [25.0, 1024 / 2**20]}
+CONFIG = {"steps": 3, "micro_batches": 3, "caps": [25.0, 256 / 2**20]}
 TOL = 1e-5  # float32; torch's DDP divides before summing, the lab after: the last bits may differ
-LABELS = {"one_bucket": "one bucket", "many_buckets": "1 KiB buckets"}
+LABELS = {"one_bucket": "one bucket", "many_buckets": "256-byte buckets"}
 
 
 def _close(a, b, tol=TOL):
     return len(a) == len(b) and all(abs(x - y) <= tol * (1 + abs(y)) for x, y in zip(a, b))
 
 
-def expected_buckets(layout, cap_mb):
-    """Trainable parameters packed in reverse registration order into buckets of at most cap_mb."""
-    buckets, size = [], 0
+def expected_buckets(layout, cap_mb, first_cap_mb=1.0):
+    """Trainable parameters in reverse registration order, a bucket closed once it holds its cap (the
+    first one's is at most 1 MiB), as torch's DDP assigns them."""
+    caps = [min(first_cap_mb, cap_mb) * 2**20, cap_mb * 2**20]
+    buckets, size = [[]], 0
     for name, numel, element_size in reversed(layout["trainable"]):
-        if not buckets or size + numel * element_size > cap_mb * 2**20:
-            buckets.append([])
-            size = 0
         buckets[-1].append(name)
         size += numel * element_size
-    return buckets
+        if size >= caps[len(buckets) > 1]:
+            buckets.append([])
+            size = 0
+    return [bucket for bucket in buckets if bucket]
 
 
 def _shared_with(layout):
