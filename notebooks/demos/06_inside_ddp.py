@@ -43,7 +43,7 @@ solution = load(HERE.parent.parent / "solutions" / "06_ddp_from_the_inside.py", 
 # -------------------------------------------------------------------------------------------- config
 BATCH = 64                     # per rank
 TIMED_STEPS = 6                # per variant and model, after 2 warm-up steps (the median is printed)
-SWEEP_CAPS_MB = [1 / 1024, 16 / 1024, 64 / 1024, 0.25, 1.0, 25.0]
+SWEEP_CAPS_MB = [1 / 1024, 32 / 1024, 128 / 1024, 0.5, 25.0]  # 1 KiB ... 25 MiB (the default)
 FIT_SIZES = [4, 1024, 16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20]  # bytes
 # -----------------------------------------------------------------------------------------------------
 
@@ -55,7 +55,10 @@ def wrap(variant, model, group, bucket_cap_mb=25.0):
         return handwritten.OverlappedDDP(model, process_group=group)
     if variant == "bucketed":
         return solution.BucketedDDP(model, bucket_cap_mb=bucket_cap_mb, process_group=group)
-    return nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb)
+    # torch's DDP makes its first bucket 1 MiB only when bucket_cap_mb is left at its default (None);
+    # BucketedDDP always caps its first bucket at 1 MiB: with 25 MiB, compare it with torch's default
+    cap = None if bucket_cap_mb == 25.0 else bucket_cap_mb
+    return nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=cap)
 
 
 VARIANTS = ["naive", "overlapped", "bucketed", "torch"]
@@ -176,7 +179,7 @@ def ddp_timeline(device, group):
     events = profiled(lambda: step(ddp, optimizer, x, y), device)
     keep = []
     for e in events:
-        if e.name.endswith("Backward0") or e.name in ("c10d::allreduce_", "gloo:all_reduce", "nccl:all_reduce",
+        if (e.name.endswith("Backward0") and not e.name.startswith("autograd::")) or e.name in ("c10d::allreduce_", "gloo:all_reduce", "nccl:all_reduce",
                                                        "DistributedDataParallel.forward", "Optimizer.step#SGD.step"):
             keep.append([e.name, e.time_range.start / 1000, e.time_range.end / 1000, e.thread])
     zero = min(start for _, start, _, _ in keep)
@@ -211,6 +214,17 @@ def equality(groups, rank, device):
                 label = variant if variant != "bucketed" else f"bucketed {'one bucket' if cap > 1 else '256-byte buckets'}"
                 found[f"{label} @ {size}"] = float((mine - torch_).abs().max())
     return found
+
+
+def tied_hook_calls(device):
+    """How often a weight used by two layers fires its post-accumulate-grad hook in one backward."""
+    model = solution.build(0).to(device)
+    calls = []
+    model.hidden_a.weight.register_post_accumulate_grad_hook(lambda param: calls.append(param.grad.clone()))
+    x, y = (t.to(device) for t in solution.batch(0, 0))
+    F.mse_loss(model(x), y).backward()
+    return {"calls": len(calls), "is_hidden_b": model.hidden_b.weight is model.hidden_a.weight,
+            "hook_saw_final_grad": bool(torch.equal(calls[-1], model.hidden_a.weight.grad))}
 
 
 # ----------------------------------------------------------------------------- 3-5. measurements on 2 ranks
@@ -276,23 +290,15 @@ def main():
     groups = {size: dist.new_group(list(range(size))) for size in (1, 2, 3)}
     pair = groups[2]
 
-    phases, start = {}, time.perf_counter()
-    if rank < 2:
-        report(ddp=ddp_timeline(device, pair))
-    phases["timeline"] = time.perf_counter() - start
-    report(equal=equality(groups, rank, device))
-    phases["equality"] = time.perf_counter() - start
+    # Every rank reports every name (None where it took no part): the notebook reads them per rank.
+    report(ddp=ddp_timeline(device, pair) if rank < 2 else None)
+    report(equal=equality(groups, rank, device), tied_hook_calls=tied_hook_calls(device))
     dist.barrier()
-    if rank < 2:
-        report(measured=measure(rank, device, pair))
-    phases["measure"] = time.perf_counter() - start
+    report(measured=measure(rank, device, pair) if rank < 2 else None)
     dist.barrier()  # ranks 1 and 2 wait here while rank 0 runs the one-process baselines
-    if rank == 0:
-        found, threads = baselines(device)
-        report(baselines=found, threads=threads)
+    found, threads = baselines(device) if rank == 0 else (None, None)
+    report(baselines=found, threads=threads)
     dist.barrier()
-    phases["baselines"] = time.perf_counter() - start
-    report(phase_seconds=phases)
     report(backend=dist.get_backend(), device=device.type)
     print(f"rank {rank}: done")
     dist.destroy_process_group()
