@@ -46,9 +46,9 @@ class BucketedDDP(nn.Module):
                 dist.broadcast(tensor, group=process_group, group_src=0)
         # parameters() lists a weight shared by two layers once; frozen parameters get no gradient.
         params = [p for p in module.parameters() if p.requires_grad]
-        # Gradients become ready roughly in reverse registration order: fill buckets in that order. As in
-        # torch's DDP, a bucket closes once it holds bucket_cap_mb, and the first one at 1 MiB already,
-        # so that the first all-reduce starts early in the backward.
+        # Gradients become ready roughly in reverse registration order: fill buckets in that order. A bucket
+        # closes once it holds bucket_cap_mb, the first one at 1 MiB already (torch's DDP does both, the
+        # second with its default cap), so that the first all-reduce starts early in the backward.
         caps = [min(FIRST_BUCKET_MB, bucket_cap_mb) * 2**20, bucket_cap_mb * 2**20]
         self.buckets, size = [[]], 0
         for param in reversed(params):
