@@ -1,0 +1,308 @@
+"""Demo for notebook 06: torch's DDP seen from the inside, three hand-built versions proved equal to it,
+and what each one costs. One launch on 3 ranks does everything:
+
+1. a profiled step of torch's DDP on 2 ranks: backward ops and all-reduces on one time axis, per rank;
+2. NaiveDDP, OverlappedDDP (demos/06_handwritten_ddp.py) and BucketedDDP (the lab's SOLUTION, loaded
+   from solutions/, never your lab) against torch's DDP, 3 steps, on process groups of 1, 2 and 3 ranks;
+3. step time, all-reduce calls and bytes of the four on two models, on 2 ranks (rank 2 waits);
+4. BucketedDDP's step time over bucket sizes;
+5. all_reduce latency and bandwidth, the compute time of a step, and the one-process baselines, from
+   which the notebook predicts each step time before comparing with the measured one.
+
+python -m ddpcourse run notebooks/demos/06_inside_ddp.py --nproc 3
+"""
+import importlib.util
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.profiler import ProfilerActivity, profile
+
+from ddpcourse import init_distributed, report
+
+HERE = Path(__file__).resolve().parent
+
+
+def load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+handwritten = load(HERE / "06_handwritten_ddp.py", "handwritten_ddp")
+# The lab's solution, loaded explicitly by path: a demo never runs the learner's unfinished lab.
+solution = load(HERE.parent.parent / "solutions" / "06_ddp_from_the_inside.py", "lab06_solution")
+
+# -------------------------------------------------------------------------------------------- config
+BATCH = 64                     # per rank
+TIMED_STEPS = 6                # per variant and model, after 2 warm-up steps (the median is printed)
+SWEEP_CAPS_MB = [1 / 1024, 32 / 1024, 128 / 1024, 0.5, 25.0]  # 1 KiB ... 25 MiB (the default)
+FIT_SIZES = [4, 1024, 16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20]  # bytes
+# -----------------------------------------------------------------------------------------------------
+
+
+def wrap(variant, model, group, bucket_cap_mb=25.0):
+    if variant == "naive":
+        return handwritten.NaiveDDP(model, process_group=group)
+    if variant == "overlapped":
+        return handwritten.OverlappedDDP(model, process_group=group)
+    if variant == "bucketed":
+        return solution.BucketedDDP(model, bucket_cap_mb=bucket_cap_mb, process_group=group)
+    # torch's DDP makes its first bucket 1 MiB only when bucket_cap_mb is left at its default (None);
+    # BucketedDDP always caps its first bucket at 1 MiB: with 25 MiB, compare it with torch's default
+    cap = None if bucket_cap_mb == 25.0 else bucket_cap_mb
+    return nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=cap)
+
+
+VARIANTS = ["naive", "overlapped", "bucketed", "torch"]
+
+
+def small_layers():
+    """Many small layers: 40 Linear(64, 64), 80 tensors, 0.63 MiB: latency-bound."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[layer for _ in range(40) for layer in (nn.Linear(64, 64), nn.ReLU())])
+
+
+def large_layers():
+    """Few large layers: 3 Linear(1024, 1024), 6 tensors, 12 MiB: bandwidth-bound."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+
+
+MODELS = {"small layers": (small_layers, 64), "large layers": (large_layers, 1024)}
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def step(wrapped, optimizer, x, y):
+    optimizer.zero_grad()
+    F.mse_loss(wrapped(x), y).backward()
+    if hasattr(wrapped, "finish_gradient_synchronization"):  # ours; torch's DDP waits inside backward()
+        wrapped.finish_gradient_synchronization()
+    optimizer.step()
+
+
+def data(width, rank, device, batch=BATCH, seed=0):
+    generator = torch.Generator().manual_seed(seed * 100 + rank)
+    return (torch.randn(batch, width, generator=generator).to(device),
+            torch.randn(batch, width, generator=generator).to(device))
+
+
+def timed(fn, steps, device, group=None):
+    """Median seconds of fn() over `steps` calls (ranks of `group` start each call together)."""
+    times = []
+    for _ in range(steps):
+        if group is not None:
+            dist.barrier(group)
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def profiled(fn, device):
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    return prof.events()
+
+
+class CountedAllReduce:
+    """Counts the all_reduce calls (and bytes) of the hand-written versions: they call dist.all_reduce."""
+
+    def __init__(self):
+        self.calls, self.bytes = 0, 0
+        self._all_reduce = dist.all_reduce
+
+    def __call__(self, tensor, *args, **kwargs):
+        self.calls += 1
+        self.bytes += tensor.numel() * tensor.element_size()
+        return self._all_reduce(tensor, *args, **kwargs)
+
+    def __enter__(self):
+        dist.all_reduce = self
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self._all_reduce
+
+
+def traffic(variant, build, group, device, x, y):
+    """(all_reduce calls, bytes) of one step, the third (torch's DDP has rebuilt its buckets by then).
+
+    torch's DDP reduces from C++: a communication hook that counts each bucket, then all-reduces it as
+    the default does, tells its calls. The hand-written versions call dist.all_reduce: counted there.
+    """
+    wrapped = wrap(variant, build().to(device), group)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01)
+    counted = CountedAllReduce()
+    if variant == "torch":
+        def counting_hook(state, bucket):
+            counted.calls += 1
+            counted.bytes += bucket.buffer().numel() * bucket.buffer().element_size()
+            return allreduce_hook(group, bucket)
+        wrapped.register_comm_hook(None, counting_hook)
+    for _ in range(2):
+        step(wrapped, optimizer, x, y)
+    counted.calls, counted.bytes = 0, 0
+    if variant == "torch":
+        step(wrapped, optimizer, x, y)
+    else:
+        with counted:
+            step(wrapped, optimizer, x, y)
+    return counted.calls, counted.bytes
+
+
+# ----------------------------------------------------------------------------- 1. a timeline of DDP
+def ddp_timeline(device, group):
+    """One profiled step of torch's DDP: backward ops, all-reduce launches and the reductions."""
+    model = large_layers().to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=4.0)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = data(1024, dist.get_rank(), device)
+    for _ in range(2):  # DDP rebuilds its buckets in gradient-ready order after the first step
+        step(ddp, optimizer, x, y)
+    dist.barrier(group)
+    events = profiled(lambda: step(ddp, optimizer, x, y), device)
+    keep = []
+    for e in events:
+        if (e.name.endswith("Backward0") and not e.name.startswith("autograd::")) or e.name in ("c10d::allreduce_", "gloo:all_reduce", "nccl:all_reduce",
+                                                       "DistributedDataParallel.forward", "Optimizer.step#SGD.step"):
+            keep.append([e.name, e.time_range.start / 1000, e.time_range.end / 1000, e.thread])
+    zero = min(start for _, start, _, _ in keep)
+    main_thread = next(t for name, _, _, t in keep if name == "DistributedDataParallel.forward")
+    timeline = [[name, start - zero, end - zero, "main" if thread == main_thread else "other"]
+                for name, start, end, thread in keep]
+    logging = ddp._get_ddp_logging_data()
+    buckets = [int(s) for s in str(logging["rebuilt_bucket_sizes"]).split(",")]
+    order = [[int(i) for i in part.split()] for part in str(logging["rebuilt_per_bucket_param_indices"]).split(",")]
+    return {"timeline": sorted(timeline, key=lambda row: row[1]), "bucket_bytes": buckets, "bucket_params": order,
+            "parameter_names": [n for n, _ in model.named_parameters()]}
+
+
+# ----------------------------------------------------------------------------- 2. equal to torch's DDP
+def equality(groups, rank, device):
+    """max |ours - torch's DDP| over the weights after 3 steps, per variant and group size."""
+    found = {}
+    for size, group in groups.items():
+        if rank >= size:
+            continue
+        for variant in VARIANTS[:3]:
+            for cap in ([solution.ONE_BUCKET_MB, solution.MANY_BUCKETS_MB] if variant == "bucketed" else [25.0]):
+                model, reference = solution.build(rank).to(device), solution.build(rank).to(device)
+                ours, theirs = wrap(variant, model, group, cap), wrap("torch", reference, group, cap)
+                optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, reference)]
+                for i in range(3):
+                    x, y = (t.to(device) for t in solution.batch(i, rank))
+                    step(ours, optimizers[0], x, y)
+                    step(theirs, optimizers[1], x, y)
+                mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+                torch_ = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+                label = variant if variant != "bucketed" else f"bucketed {'one bucket' if cap > 1 else '256-byte buckets'}"
+                found[f"{label} @ {size}"] = float((mine - torch_).abs().max())
+    return found
+
+
+def tied_hook_calls(device):
+    """How often a weight used by two layers fires its post-accumulate-grad hook in one backward."""
+    model = solution.build(0).to(device)
+    calls = []
+    model.hidden_a.weight.register_post_accumulate_grad_hook(lambda param: calls.append(param.grad.clone()))
+    x, y = (t.to(device) for t in solution.batch(0, 0))
+    F.mse_loss(model(x), y).backward()
+    return {"calls": len(calls), "is_hidden_b": model.hidden_b.weight is model.hidden_a.weight,
+            "hook_saw_final_grad": bool(torch.equal(calls[-1], model.hidden_a.weight.grad))}
+
+
+# ----------------------------------------------------------------------------- 3-5. measurements on 2 ranks
+def measure(rank, device, group):
+    results = {"table": {}, "sweep": [], "compute": {}}
+    for model_name, (build, width) in MODELS.items():
+        x, y = data(width, rank, device)
+        # compute alone: both ranks at once (they share the cores as in training), no communication
+        model = build().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        step(model, optimizer, x, y)
+        compute = timed(lambda: step(model, optimizer, x, y), TIMED_STEPS, device, group)
+        forward = timed(lambda: model(x), TIMED_STEPS, device, group)
+        results["compute"][model_name] = {"step": compute, "forward": forward,
+                                          "tensors": len(list(model.parameters())),
+                                          "bytes": sum(4 * p.numel() for p in model.parameters())}
+        for variant in VARIANTS:
+            wrapped = wrap(variant, build().to(device), group)
+            optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01)
+            for _ in range(2):
+                step(wrapped, optimizer, x, y)
+            seconds = timed(lambda: step(wrapped, optimizer, x, y), TIMED_STEPS, device, group)
+            calls, nbytes = traffic(variant, build, group, device, x, y)
+            results["table"][f"{variant} | {model_name}"] = {"seconds": seconds, "calls": calls, "bytes": nbytes}
+    x, y = data(64, rank, device)
+    for cap in SWEEP_CAPS_MB:
+        wrapped = wrap("bucketed", small_layers().to(device), group, cap)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01)
+        for _ in range(2):
+            step(wrapped, optimizer, x, y)
+        seconds = timed(lambda: step(wrapped, optimizer, x, y), TIMED_STEPS, device, group)
+        results["sweep"].append({"cap_mb": cap, "buckets": len(wrapped.buckets), "seconds": seconds})
+    # all_reduce alone, over message sizes
+    fit = []
+    for size in FIT_SIZES:
+        tensor = torch.ones(size // 4, device=device)
+        dist.all_reduce(tensor, group=group)
+        repeats = 20 if size <= 2**20 else 5
+        fit.append(timed(lambda: dist.all_reduce(tensor, group=group), repeats, device, group))
+    results["fit"] = {"sizes": FIT_SIZES, "seconds": fit}
+    return results
+
+
+def baselines(device):
+    """One process on the whole batch (2 x BATCH): with one thread as each rank has, then with every core."""
+    found, threads = {}, torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    for model_name, (build, width) in MODELS.items():
+        model = build().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        x, y = data(width, 0, device, batch=2 * BATCH)
+        for label, count in (("same threads", threads), ("all cores", cores)):
+            torch.set_num_threads(count)
+            step(model, optimizer, x, y)
+            found[f"{label} | {model_name}"] = timed(lambda: step(model, optimizer, x, y), TIMED_STEPS, device)
+        torch.set_num_threads(threads)
+    return found, {"threads_per_rank": threads, "cores": cores}
+
+
+def main():
+    rank, world_size, device = init_distributed()
+    assert world_size == 3, "run it on 3 ranks: groups of 1, 2 and 3 are made from them"
+    groups = {size: dist.new_group(list(range(size))) for size in (1, 2, 3)}
+    pair = groups[2]
+
+    # Every rank reports every name (None where it took no part): the notebook reads them per rank.
+    report(ddp=ddp_timeline(device, pair) if rank < 2 else None)
+    report(equal=equality(groups, rank, device), tied_hook_calls=tied_hook_calls(device))
+    dist.barrier()
+    report(measured=measure(rank, device, pair) if rank < 2 else None)
+    dist.barrier()  # ranks 1 and 2 wait here while rank 0 runs the one-process baselines
+    found, threads = baselines(device) if rank == 0 else (None, None)
+    report(baselines=found, threads=threads)
+    dist.barrier()
+    report(backend=dist.get_backend(), device=device.type)
+    print(f"rank {rank}: done")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
