@@ -12,7 +12,7 @@ stay identical and the result equals one process training on the whole global ba
 
 Your tasks (notebooks/01_dataparallel_vs_ddp.ipynb shows each step running):
   TODO 1  shard_indices:     this rank's block of the global batch
-  TODO 2  average_gradients: all-reduce every parameter's gradient and divide by the world size
+  TODO 2  average_gradients: every rank ends with each gradient's mean over all ranks
   TODO 3  train_with_ddp:    the same training, with DistributedDataParallel doing TODO 2 for you
 
 Run it:    python labs/01_dataparallel_vs_ddp.py                  (one process: world size 1)

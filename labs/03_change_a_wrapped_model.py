@@ -12,7 +12,7 @@ A training run is under way on every rank. Two changes arrive mid-run:
 Both must end up identical on every rank, and the new layer must train.
 
 Your tasks (notebooks/03_change_a_wrapped_model.ipynb shows each mistake and its fix):
-  TODO 1  grow:      add the layer on EVERY rank, wrap the module in a NEW DDP, build a NEW optimizer
+  TODO 1  grow:      the deeper network exists on every rank, and its new layer trains
   TODO 2  calibrate: rank 0 shifts the output bias, then every rank receives rank 0's bias
 
 Run it:    python labs/03_change_a_wrapped_model.py                  (one process: world size 1)

@@ -13,7 +13,7 @@ averagings the replicas drift apart; right after an averaging they are identical
 
 Your tasks (notebooks/04_sync_without_backward.ipynb explains both):
   TODO 1  maybe_average: average only after every k-th optimizer step (steps k, 2k, ...; counted from 1)
-  TODO 2  average_model: replace every parameter AND buffer by its mean over ranks  -> all_reduce(SUM), divide
+  TODO 2  average_model: replace every parameter AND buffer by its mean over ranks
 
 The script also trains a twin model with torch's own PeriodicModelAverager on the same data, so the check
 can compare your weights with the library's.

@@ -13,7 +13,7 @@ the final weights are exactly those of a run that never crashed.
 
 Your tasks (notebooks/05_launching_and_scaling_out.ipynb explains each):
   TODO 1  load_checkpoint: if a checkpoint exists, restore model, optimizer and step on every rank
-  TODO 2  epoch_order: give each epoch its own shuffle (DistributedSampler.set_epoch)
+  TODO 2  epoch_order: give each epoch its own shuffle, the same on every rank
   TODO 3  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written
 
 Run:       python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 -- --checkpoint-dir /tmp/ckpt

@@ -13,9 +13,9 @@ tensor and all-reduced asynchronously while the backward goes on. Before the opt
 copies the averaged gradients back. This class does the same in about sixty lines.
 
 Your tasks (notebooks/06_ddp_from_the_inside.ipynb builds the two simpler versions first):
-  TODO 1  _grad_ready: count the gradient in; launch its bucket when the bucket is complete
-  TODO 2  _launch_bucket: flatten the bucket's gradients, start one all_reduce without waiting for it
-  TODO 3  finish_gradient_synchronization: wait for every bucket, divide by the world size, copy back
+  TODO 1  _grad_ready: a bucket's communication starts as soon as its last gradient is ready
+  TODO 2  _launch_bucket: start one bucket's communication; the backward must not wait for it
+  TODO 3  finish_gradient_synchronization: before the step, each .grad holds its mean over ranks
 
 The script below the class trains the same models with your BucketedDDP and with torch's DDP on the same
 data (a model with a frozen layer, a weight shared by two layers and BatchNorm buffers; one bucket and
@@ -72,9 +72,9 @@ class BucketedDDP(nn.Module):
             param.register_post_accumulate_grad_hook(self._grad_ready)
 
     def _reset(self):
-        self.pending = [len(bucket) for bucket in self.buckets]  # gradients each bucket still waits for
-        self.flat = [None] * len(self.buckets)                   # each bucket's flattened gradients
-        self.works = [None] * len(self.buckets)                  # each bucket's all-reduce in flight
+        self.pending = [len(bucket) for bucket in self.buckets]  # one counter per bucket
+        self.flat = [None] * len(self.buckets)                   # one tensor per bucket
+        self.works = [None] * len(self.buckets)                  # one work handle per bucket
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self.require_sync:  # as torch's DDP: rank 0's buffers every step
@@ -87,23 +87,23 @@ class BucketedDDP(nn.Module):
         """Runs during backward, right after `param.grad` has been accumulated."""
         if not self.require_sync:
             return  # no_sync(): the gradient stays local and accumulates
-        # TODO 1: find this parameter's bucket, count one gradient less to wait for, launch the
-        #         bucket at zero
-        raise NotImplementedError("TODO 1: find this parameter's bucket, count one gradient less to wait for, launch the bucket at zero")
+        # TODO 1: each bucket knows how many of its gradients have not arrived yet; the last one
+        #         starts it
+        raise NotImplementedError('TODO 1: each bucket knows how many of its gradients have not arrived yet; the last one starts it')
 
     def _launch_bucket(self, i):
         """Start the all-reduce of bucket i and return at once: the backward goes on meanwhile."""
-        # TODO 2: one flat tensor holding every gradient of the bucket, all-reduced asynchronously
-        #         (keep the work)
-        raise NotImplementedError('TODO 2: one flat tensor holding every gradient of the bucket, all-reduced asynchronously (keep the work)')
+        # TODO 2: one communication per bucket, not per parameter, and it must not block: keep what
+        #         lets you wait for it later
+        raise NotImplementedError('TODO 2: one communication per bucket, not per parameter, and it must not block: keep what lets you wait for it later')
 
     def finish_gradient_synchronization(self):
         """Wait for every bucket and write the mean over ranks back into each parameter's .grad."""
         if not self.require_sync:
             return
-        # TODO 3: for each bucket: wait, divide the sum by the world size, copy each piece back into
-        #         its .grad
-        raise NotImplementedError('TODO 3: for each bucket: wait, divide the sum by the world size, copy each piece back into its .grad')
+        # TODO 3: an all-reduce sums; the optimizer reads a mean, and it reads it from each
+        #         parameter's own .grad, not from the bucket's tensor
+        raise NotImplementedError("TODO 3: an all-reduce sums; the optimizer reads a mean, and it reads it from each parameter's own .grad, not from the bucket's tensor")
         self._reset()
 
     @contextlib.contextmanager

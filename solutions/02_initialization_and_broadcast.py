@@ -7,7 +7,7 @@ that broadcast yourself, for any source rank, then train a DDP model on sharded 
 
 Your tasks (notebooks/02_initialization_and_broadcast.ipynb explains both):
   TODO 1  broadcast_module_: src's parameters AND buffers into every rank's tensors, in place
-  TODO 2  make_loader: each rank reads its own shard of the dataset (DistributedSampler)
+  TODO 2  make_loader: each rank reads its own shard of the dataset
 
 Run it:    python labs/02_initialization_and_broadcast.py                  (one process: world size 1)
            python -m ddpcourse run labs/02_initialization_and_broadcast.py --nproc 3

@@ -7,9 +7,9 @@ tensor and all-reduced asynchronously while the backward goes on. Before the opt
 copies the averaged gradients back. This class does the same in about sixty lines.
 
 Your tasks (notebooks/06_ddp_from_the_inside.ipynb builds the two simpler versions first):
-  TODO 1  _grad_ready: count the gradient in; launch its bucket when the bucket is complete
-  TODO 2  _launch_bucket: flatten the bucket's gradients, start one all_reduce without waiting for it
-  TODO 3  finish_gradient_synchronization: wait for every bucket, divide by the world size, copy back
+  TODO 1  _grad_ready: a bucket's communication starts as soon as its last gradient is ready
+  TODO 2  _launch_bucket: start one bucket's communication; the backward must not wait for it
+  TODO 3  finish_gradient_synchronization: before the step, each .grad holds its mean over ranks
 
 The script below the class trains the same models with your BucketedDDP and with torch's DDP on the same
 data (a model with a frozen layer, a weight shared by two layers and BatchNorm buffers; one bucket and
@@ -66,9 +66,9 @@ class BucketedDDP(nn.Module):
             param.register_post_accumulate_grad_hook(self._grad_ready)
 
     def _reset(self):
-        self.pending = [len(bucket) for bucket in self.buckets]  # gradients each bucket still waits for
-        self.flat = [None] * len(self.buckets)                   # each bucket's flattened gradients
-        self.works = [None] * len(self.buckets)                  # each bucket's all-reduce in flight
+        self.pending = [len(bucket) for bucket in self.buckets]  # one counter per bucket
+        self.flat = [None] * len(self.buckets)                   # one tensor per bucket
+        self.works = [None] * len(self.buckets)                  # one work handle per bucket
 
     def forward(self, *args, **kwargs):
         if torch.is_grad_enabled() and self.require_sync:  # as torch's DDP: rank 0's buffers every step
@@ -82,8 +82,8 @@ class BucketedDDP(nn.Module):
         if not self.require_sync:
             return  # no_sync(): the gradient stays local and accumulates
         ### BEGIN SOLUTION
-        ### HINT 1: find this parameter's bucket, count one gradient less to wait for, launch the bucket at zero
-        ### HINT 2: i = self.bucket_of[param]; self.pending[i] -= 1; when it reaches 0: self._launch_bucket(i)
+        ### HINT 1: each bucket knows how many of its gradients have not arrived yet; the last one starts it
+        ### HINT 2: self.bucket_of, self.pending, self._launch_bucket
         i = self.bucket_of[param]
         self.pending[i] -= 1
         if self.pending[i] == 0:
@@ -93,9 +93,9 @@ class BucketedDDP(nn.Module):
     def _launch_bucket(self, i):
         """Start the all-reduce of bucket i and return at once: the backward goes on meanwhile."""
         ### BEGIN SOLUTION
-        ### HINT 1: one flat tensor holding every gradient of the bucket, all-reduced asynchronously (keep the work)
-        ### HINT 2: self.flat[i] = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]]);
-        ### HINT 2: self.works[i] = dist.all_reduce(self.flat[i], group=self.process_group, async_op=True)
+        ### HINT 1: one communication per bucket, not per parameter, and it must not block: keep what lets
+        ### HINT 1: you wait for it later
+        ### HINT 2: torch.cat, Tensor.reshape, dist.all_reduce with group= and async_op=, self.flat, self.works
         self.flat[i] = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
         self.works[i] = dist.all_reduce(self.flat[i], group=self.process_group, async_op=True)
         ### END SOLUTION
@@ -105,9 +105,9 @@ class BucketedDDP(nn.Module):
         if not self.require_sync:
             return
         ### BEGIN SOLUTION
-        ### HINT 1: for each bucket: wait, divide the sum by the world size, copy each piece back into its .grad
-        ### HINT 2: self.works[i].wait(); self.flat[i] /= self.world_size; then for each parameter and its
-        ### HINT 2: piece of self.flat[i].split(self.sizes[i]): param.grad.copy_(piece.view_as(param))
+        ### HINT 1: an all-reduce sums; the optimizer reads a mean, and it reads it from each parameter's
+        ### HINT 1: own .grad, not from the bucket's tensor
+        ### HINT 2: Work.wait, self.world_size, Tensor.split with self.sizes, Tensor.view_as, Tensor.copy_
         for i, bucket in enumerate(self.buckets):
             self.works[i].wait()
             self.flat[i] /= self.world_size
