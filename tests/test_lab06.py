@@ -34,6 +34,17 @@ def test_lab06_no_division(tmp_path):
     assert detail(report, "rank 0's weights").passed and detail(report, "communication overlaps").passed
 
 
+
+def test_lab06_divided_twice(tmp_path):
+    # world size 2: at 1 a second division by 1 changes nothing
+    path = mutant(tmp_path, LAB, (DIVIDE, DIVIDE + DIVIDE))
+    report = check_lab(path, nproc=2, quiet=True)
+    for label in ("(one bucket)", "(256-byte buckets)"):
+        equal = detail(report, f"equal torch's DDP after 3 steps {label}")
+        assert not equal.passed and "1/2 of torch's: divided by the world size twice" in equal.detail
+        assert "SUM over ranks" not in equal.detail
+
+
 def test_lab06_tied_weight_counted_twice(tmp_path):
     path = mutant(tmp_path, LAB, ("params = [p for p in module.parameters() if p.requires_grad]",
                                   "params = [p for layer in module.modules() for p in layer.parameters(recurse=False)"

@@ -8,16 +8,12 @@ the reported parameter sizes and the cap, independently of the lab.
 """
 import math
 
-from ddpcourse.checks import Check
+from ddpcourse.checks import ROUNDING, Check, agree
+from ddpcourse.diagnosis import EXCEPTION_KIND
 
 NPROCS = (1, 2, 3)
 CONFIG = {"steps": 3, "micro_batches": 3, "caps": [25.0, 256 / 2**20]}
-TOL = 1e-5  # float32; torch's DDP divides before summing, the lab after: the last bits may differ
 LABELS = {"one_bucket": "one bucket", "many_buckets": "256-byte buckets"}
-
-
-def _close(a, b, tol=TOL):
-    return len(a) == len(b) and all(abs(x - y) <= tol * (1 + abs(y)) for x, y in zip(a, b))
 
 
 def expected_buckets(layout, cap_mb, first_cap_mb=1.0):
@@ -55,7 +51,7 @@ def _gradient_diagnosis(scenario, world):
     for name, (a, b) in slices.items():
         ours, theirs = grads["ours"][a:b], grads["torch"][a:b]
         norm = sum(t * t for t in theirs)
-        if _close(ours, theirs):
+        if agree(ours, theirs, ROUNDING):  # torch's DDP divides before summing, the lab after
             continue
         ratios[name] = sum(o * t for o, t in zip(ours, theirs)) / norm if norm else math.inf
     if not ratios:
@@ -76,7 +72,7 @@ def _gradient_diagnosis(scenario, world):
 
 def _equality_check(name, scenario, world):
     state = _slices(scenario["layout"]["state"])
-    off = [n for n, (a, b) in state.items() if not _close(scenario["ours"][a:b], scenario["torch"][a:b])]
+    off = [n for n, (a, b) in state.items() if not agree(scenario["ours"][a:b], scenario["torch"][a:b], ROUNDING)]
     detail = ""
     if off:
         why = _gradient_diagnosis(scenario, world)
@@ -143,12 +139,15 @@ def _overlap_check(scenario):
 
 
 def explain_failure(run):
-    text = run.message
-    if "'NoneType' object has no attribute 'wait'" in text:
+    failure = run.failure
+    if failure is None or failure.kind != EXCEPTION_KIND:
+        return ""
+    error = failure.error  # "Type: first line" of the root-cause rank's exception
+    if error.startswith("AttributeError: 'NoneType' object has no attribute 'wait'"):
         return ("a bucket was never all-reduced: its count of pending gradients never reached 0. Is a parameter "
                 "counted twice, or in two buckets? A weight shared by two layers (tied) is one tensor with one "
                 "gradient: model.parameters() lists it once; walking the layers lists it twice")
-    if "'NoneType' object has no attribute" in text:
+    if error.startswith("AttributeError: 'NoneType' object has no attribute"):
         return ("a gradient was still None when its bucket was flattened: the bucket was launched before all its "
                 "gradients were ready; launch it when its count of pending gradients reaches 0")
     return ""
@@ -200,7 +199,7 @@ def checks(run):
     if any(a["calls_inside_no_sync"] for a in accumulations):
         problems.append(f"{accumulation['calls_inside_no_sync']} all_reduce calls inside no_sync(): the hook must "
                         f"not launch there")
-    if not all(_close(a["ours"], a["large_batch"]) for a in accumulations):
+    if not all(agree(a["ours"], a["large_batch"], ROUNDING) for a in accumulations):
         diff = max(abs(x - y) for a in accumulations for x, y in zip(a["ours"], a["large_batch"]))
         problems.append(f"after {CONFIG['micro_batches']} micro-batches (all but the last in no_sync()) the weights "
                         f"differ from one step on the whole batch by up to {diff:.3g}")
