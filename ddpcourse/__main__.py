@@ -1,4 +1,5 @@
-"""Command line: python -m ddpcourse {run,check,status,hint,reset,cleanup,make-labs,doctor} ... (see README.md).
+"""Command line: python -m ddpcourse
+{run,check,status,hint,reset,cleanup,make-labs,make-clean,execute,doctor} ... (see README.md).
 The console script ``ddpcourse`` (pyproject.toml) is the same command."""
 import argparse
 import sys

@@ -1,6 +1,6 @@
 """torchrun's agent for a course run: ``python -m ddpcourse.agent TORCHRUN_OPTIONS... -m ddpcourse._worker FILE``.
 
-It is ``python -m torch.distributed.run`` with two additions:
+It is ``python -m torch.distributed.run`` with three additions:
 - the failures torchrun collects (``ChildFailedError.failures``: each failed rank's exit code, pid,
   local rank) are saved as JSON in the run folder, so the launcher reads exit codes as data;
 - a watchdog: if the process that started this agent dies (a kernel or a CLI killed, even with SIGKILL),

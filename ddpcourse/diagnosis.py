@@ -37,10 +37,6 @@ class RankFailure:
     error: str = ""
     hint: str = ""
 
-    @property
-    def summary(self):  # the older name of ``message``
-        return self.message
-
 
 def describe_exit(code):
     if code < 0:

@@ -134,10 +134,3 @@ def compare_replicas(model, atol=0.0):
             report.differences.append(TensorDifference(kind, name, groups, spread))
     return report
 
-
-def assert_replicas_identical(model, atol=0.0):
-    """Raise AssertionError naming what differs, on every rank, unless all replicas are identical."""
-    report = compare_replicas(model, atol)
-    if not report.identical:
-        raise AssertionError(str(report))
-    return report

@@ -53,6 +53,13 @@ def verdict(result, shown):
         nodes = f" ({result.nnodes} nodes of {result.nproc})" if result.nnodes > 1 else ""
         return f"OK: {shown} finished on {result.world_size} rank{'s' if result.world_size > 1 else ''}{nodes}{took}."
     if result.timed_out:
+        why = result.failure.message if result.failure else ""
+        if "did not start" in why:  # a start-up that ran out of time is no hang: say which limit ran out
+            return "\n".join([f"TIMEOUT: {why} (stopped after {result.duration:.1f} s); all its processes were killed. "
+                              "Where each rank was (most recent call first):",
+                              stacks_text(result.stacks, result.world_size),
+                              "The ranks were still starting (torchrun's rendezvous, or imports on a busy "
+                              "machine): the script itself had not begun."])
         return "\n".join([f"TIMEOUT: {shown} did not finish{took}; all its processes were killed. "
                           "Where each rank was (most recent call first):",
                           stacks_text(result.stacks, result.world_size),

@@ -401,3 +401,18 @@ def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys):
             active.wait()
     finally:
         orphan.kill()
+
+
+def test_a_start_up_timeout_says_the_ranks_did_not_start():
+    """Without a launch: the verdict names the limit that ran out, so a slow start-up does not read as a hang."""
+    from ddpcourse.launcher import RunResult
+    from ddpcourse.printing import verdict
+    startup = RunResult("x.py", nproc=2, returncode=124, duration=121.3, timed_out=True, failure=diagnosis.RankFailure(
+        0, diagnosis.TIMEOUT, message=f"x.py: the ranks did not start within {STARTUP_TIMEOUT:g} s"))
+    text = verdict(startup, "x.py")
+    assert text.startswith(f"TIMEOUT: x.py: the ranks did not start within {STARTUP_TIMEOUT:g} s (stopped after 121.3 s); ")
+    assert "had not begun" in text and "matching call" not in text
+    hang = RunResult("x.py", nproc=2, returncode=124, duration=10.4, timed_out=True, failure=diagnosis.RankFailure(
+        0, diagnosis.TIMEOUT, message="x.py did not finish within 10 s of every rank being ready"))
+    text = verdict(hang, "x.py")
+    assert text.startswith("TIMEOUT: x.py did not finish in 10.4 s; ") and "matching call" in text
