@@ -96,19 +96,50 @@ def usable_cores():
     return max(1, cores)
 
 
-def cgroup_cpu_quota(root="/sys/fs/cgroup"):
-    """CPUs granted by a cgroup quota (v2 cpu.max, or v1 cfs_quota/cfs_period), None when unlimited."""
+def cgroup_cpu_quota(root="/sys/fs/cgroup", self_cgroup="/proc/self/cgroup"):
+    """CPUs granted by the tightest cgroup quota on this process's own cgroup path, None when unlimited.
+
+    v2: cpu.max of its cgroup (``0::/path`` in /proc/self/cgroup) and of every parent up to ``root`` (a
+    limit set on a parent, e.g. a systemd slice, binds too); v1: cfs_quota/cfs_period of its cpu cgroup
+    and parents. A path missing under ``root`` (a container's own cgroup mount) only drops that level."""
+    v2, v1 = "/", "/"
     try:
-        quota, period = Path(root, "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        for line in Path(self_cgroup).read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                v2 = path
+            elif "cpu" in controllers.split(","):
+                v1 = path
     except (OSError, ValueError):
         pass
-    try:
-        quota = int(Path(root, "cpu", "cpu.cfs_quota_us").read_text())
-        period = int(Path(root, "cpu", "cpu.cfs_period_us").read_text())
-        return quota / period if quota > 0 and period > 0 else None
-    except (OSError, ValueError):
-        return None
+
+    def up_to_root(base, path):
+        folder = Path(base, path.strip("/"))
+        while True:
+            yield folder
+            if folder == Path(base):
+                return
+            folder = folder.parent
+
+    found, quotas = False, []
+    for folder in up_to_root(root, v2):
+        try:
+            quota, period = Path(folder, "cpu.max").read_text().split()[:2]
+            found = True
+            if quota != "max":
+                quotas.append(int(quota) / int(period))
+        except (OSError, ValueError):
+            continue
+    if not found:  # no v2 cpu controller: cgroup v1
+        for folder in up_to_root(Path(root, "cpu"), v1):
+            try:
+                quota = int(Path(folder, "cpu.cfs_quota_us").read_text())
+                period = int(Path(folder, "cpu.cfs_period_us").read_text())
+            except (OSError, ValueError):
+                continue
+            if quota > 0 and period > 0:
+                quotas.append(quota / period)
+    return min(quotas) if quotas else None
 
 
 def threads_per_rank(ranks, environ=None):

@@ -359,15 +359,41 @@ def test_threads_divide_the_usable_cores_unless_the_user_chose(monkeypatch, tmp_
 
 
 def test_cgroup_quota_is_read_from_v2_and_v1_files(tmp_path):
+    at_root = tmp_path / "self_cgroup"
+    at_root.write_text("0::/\n")
     (tmp_path / "cpu.max").write_text("250000 100000\n")
-    assert cgroup_cpu_quota(tmp_path) == 2.5
+    assert cgroup_cpu_quota(tmp_path, at_root) == 2.5
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert cgroup_cpu_quota(tmp_path) is None
+    assert cgroup_cpu_quota(tmp_path, at_root) is None
     (tmp_path / "cpu.max").unlink()
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
     (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert cgroup_cpu_quota(tmp_path) == 3.0
+    assert cgroup_cpu_quota(tmp_path, at_root) == 3.0
+
+
+def test_cgroup_quota_follows_this_process_cgroup_up_to_the_root(tmp_path):
+    """A fake /sys/fs/cgroup and /proc/self/cgroup: the quota of the process's own cgroup and its parents
+    counts, the tightest one wins; a sibling's quota does not."""
+    fs, self_cgroup = tmp_path / "fs", tmp_path / "self_cgroup"
+    for folder, limit in [("", "max"), ("user.slice", "300000 100000"), ("user.slice/job", "max"),
+                          ("user.slice/job/leaf", "max"), ("other", "50000 100000")]:
+        (fs / folder).mkdir(parents=True, exist_ok=True)
+        (fs / folder / "cpu.max").write_text(limit + "\n")
+    self_cgroup.write_text("0::/user.slice/job/leaf\n")
+    assert cgroup_cpu_quota(fs, self_cgroup) == 3.0  # from the parent slice, not the unlimited root
+    (fs / "user.slice/job/leaf/cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(fs, self_cgroup) == 1.5  # the tighter own limit wins
+    self_cgroup.write_text("0::/not/mounted/here\n")  # a path that this mount does not show: the root only
+    assert cgroup_cpu_quota(fs, self_cgroup) is None
+    # cgroup v1: the cpu controller's line names the path under the cpu mount
+    v1 = tmp_path / "v1"
+    (v1 / "cpu" / "docker" / "abc").mkdir(parents=True)
+    for folder, quota in [("cpu", "-1"), ("cpu/docker", "200000"), ("cpu/docker/abc", "-1")]:
+        (v1 / folder / "cpu.cfs_quota_us").write_text(quota + "\n")
+        (v1 / folder / "cpu.cfs_period_us").write_text("100000\n")
+    self_cgroup.write_text("4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n0::/\n")
+    assert cgroup_cpu_quota(v1, self_cgroup) == 2.0
 
 
 def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys):
