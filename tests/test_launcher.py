@@ -159,6 +159,27 @@ def test_grandchildren_are_killed_without_reading_proc(tmp_path, monkeypatch):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+
+def test_torchrun_ranks_and_their_children_are_killed_at_a_timeout_without_reading_proc(tmp_path, monkeypatch):
+    """Two ranks under torchrun's agent, each in a session of its own, hang with a child in their process
+    group and one that left it (setsid): the timeout (3 s from every rank being ready) ends them all."""
+    listed = _forbid_proc_reads_from_course_code(monkeypatch)
+    path = script(tmp_path, "hangs.py", """
+        import os, subprocess, sys, time
+        from ddpcourse import report
+        sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+        child = subprocess.Popen(sleeper)
+        escaped = subprocess.Popen(sleeper, start_new_session=True)
+        report(pids=[os.getpid(), child.pid, escaped.pid], own_session=os.getsid(0) == os.getpid())
+        time.sleep(300)
+        """)
+    result = launch(path, nproc=2, timeout=3)
+    assert result.timed_out and result.failure.kind == "timeout", result.message
+    assert listed, "the run's processes were looked up through psutil"
+    assert result.values("own_session") == [True, True]  # torchrun starts each worker in its own session
+    for pid in [pid for pids in result.values("pids") for pid in pids]:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
 WAITS = """
     import subprocess, sys, time
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
