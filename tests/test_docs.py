@@ -108,7 +108,7 @@ def test_each_plan_adds_up_to_its_length_with_breaks_and_slack(plan):
         if module:
             assert int(length) == blocks[module.group(1)], f"{plan}: {what} is not its block"
         since_break = 0 if what in ("break", "lunch", "stretch") else since_break + int(length)
-        assert since_break <= 75, f"{plan}: {since_break} min without a break"
+        assert since_break <= 65, f"{plan}: {since_break} min without a break"  # the issue: about hourly
 
 
 def test_demo_counts_and_predict_budgets_match_the_notebooks():
