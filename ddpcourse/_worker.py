@@ -30,10 +30,8 @@ from ddpcourse.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, RUN_
 from ddpcourse.processes import watch_parent
 from ddpcourse.todos import todo_in_message
 # The write-watching hook's settings, re-exported for the checks that import them from here.
-from ddpcourse.watch_writes import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV  # noqa: F401
 
 HOOKS_ENV = "DDPCOURSE_WORKER_HOOKS"  # "module:function,...": each is called with the script's path first
-WATCH_WRITES_HOOK = "ddpcourse.watch_writes:install"
 
 
 def _redirect_output(run_dir, rank):
@@ -91,10 +89,7 @@ def _imports_torch(lab_file):
 
 
 def _hooks():
-    hooks = [spec.strip() for spec in os.environ.get(HOOKS_ENV, "").split(",") if spec.strip()]
-    if os.environ.get(WATCH_WRITES_ENV) and WATCH_WRITES_HOOK not in hooks:  # checks that set only the folder
-        hooks.append(WATCH_WRITES_HOOK)
-    return hooks
+    return [spec.strip() for spec in os.environ.get(HOOKS_ENV, "").split(",") if spec.strip()]
 
 
 def _run_hooks(lab_file):

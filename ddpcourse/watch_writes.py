@@ -1,7 +1,7 @@
 """A worker hook for checks: which ranks write files under a folder, and how.
 
-Named in $DDPCOURSE_WORKER_HOOKS as ``ddpcourse.watch_writes:install`` (the worker also adds it when a check
-sets only $DDPCOURSE_WATCH_WRITES). Lab 05's check uses it to see which ranks write the checkpoint and whether
+Named in $DDPCOURSE_WORKER_HOOKS as ``ddpcourse.watch_writes:install``; lab 05's check sets both that and
+$DDPCOURSE_WATCH_WRITES. Lab 05's check uses it to see which ranks write the checkpoint and whether
 they write it atomically (ddpcourse/checks/lab05.py).
 """
 import hashlib

@@ -10,7 +10,8 @@ seen returning before the file exists.
 """
 import os
 
-from ddpcourse._worker import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV
+from ddpcourse._worker import HOOKS_ENV
+from ddpcourse.watch_writes import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV
 from ddpcourse.checks import Check
 
 WRITE_DELAY_S = 0.25  # per checkpoint write (6 of them) in the uninterrupted run: see the barrier check
@@ -19,6 +20,7 @@ CHECKPOINT = "checkpoint.pt"  # the lab's file name in its --checkpoint-dir (set
 NPROCS = (1, 2, 3)
 FAIL_AT_STEP = 7  # mid-epoch for 3 ranks, at an epoch boundary for 2: resuming must handle both
 CRASH_FROM_NPROC = 2
+WATCH_HOOK = "ddpcourse.watch_writes:install"  # the worker calls it before the lab runs
 
 
 def runs(workdir, nproc):
@@ -27,7 +29,7 @@ def runs(workdir, nproc):
         folder = os.path.join(workdir, name)
         os.makedirs(folder)
         specs[name] = {"args": ["--checkpoint-dir", folder],
-                       "env": {WATCH_WRITES_ENV: folder, WATCH_RETURNS_ENV: "save_checkpoint"}}
+                       "env": {HOOKS_ENV: WATCH_HOOK, WATCH_WRITES_ENV: folder, WATCH_RETURNS_ENV: "save_checkpoint"}}
     specs["uninterrupted"]["env"][WATCH_DELAY_ENV] = str(WRITE_DELAY_S)
     if "crashed" in specs:
         specs["crashed"]["env"]["DDPCOURSE_FAIL_AT_STEP"] = str(FAIL_AT_STEP)
