@@ -269,7 +269,7 @@ def measure(rank, device, group):
 
 
 def baselines(device):
-    """One process on the whole batch (2 x BATCH): with one thread as each rank has, then with every core."""
+    """One process on the whole batch (2 x BATCH): with the threads each rank has, then with every core."""
     found, threads = {}, torch.get_num_threads()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     for model_name, (build, width) in MODELS.items():
