@@ -5,9 +5,9 @@ norm of its gradients. Logging, early stopping and gradient clipping need the *g
 every rank needs them (not only rank 0), or the ranks start to take different decisions.
 
 Your tasks (notebooks/00_start_here.ipynb explains each collective with a picture):
-  TODO 1  global_mean: the mean over ranks of each rank's loss          -> all_reduce(SUM), divide
-  TODO 2  global_max:  the largest gradient norm on any rank           -> all_reduce(MAX)
-  TODO 3  gather_all:  every rank's loss, in rank order, on every rank  -> all_gather
+  TODO 1  global_mean: the mean over ranks of each rank's loss, known on every rank
+  TODO 2  global_max:  the largest gradient norm on any rank, known on every rank
+  TODO 3  gather_all:  every rank's loss, in rank order, on every rank
 
 Run it:    python labs/00_first_collectives.py                  (one process: world size 1)
            python -m ddpcourse run labs/00_first_collectives.py --nproc 3
