@@ -162,7 +162,8 @@ def division_first():
 
 # ----------------------------------------------------------------------------- 5. timing (N = 2, CPU figures)
 def step_time():
-    # The torch threads the launcher gives each of 2 ranks (cores // 2): the setting of the notebook's DP side.
+    # cores // 2, set here rather than taken from the launcher (which divides the usable cores among all the
+    # ranks it starts, or keeps the user's OMP_NUM_THREADS): the same setting as the notebook's DP side.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
     torch.manual_seed(SEED + rank)
     timing_model = DDP(build_model(SEED, in_features=TIMING_FEATURES, hidden=TIMING_HIDDEN), process_group=pair)
