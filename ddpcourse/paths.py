@@ -11,11 +11,21 @@ from pathlib import Path
 COURSE_ROOT = Path(__file__).resolve().parent.parent
 LAB_SOURCE_ENV = "DDPCOURSE_LAB_SOURCE"
 LAB_NAME = re.compile(r"^(\d\d)_\w+\.py$")
+LAB_SPELLING = re.compile(r"^(\d\d)(_\w+)?$")  # "00" or "00_first_collectives"
 
 
 def lab_files(folder):
     """The lab files in `folder` (NN_name.py), sorted; a learner's saved copies (NN_name.saved-...py) are not labs."""
     return sorted(path for path in Path(folder).glob("[0-9][0-9]_*.py") if LAB_NAME.match(path.name))
+
+
+def lab_spelling(lab):
+    """How a learner names a lab, for check, hint and reset alike: "00", "00_first_collectives", or that
+    name with .py or a folder in front. Returns (number, name or None for a bare number), or None ("3" too:
+    the labs are named with two digits everywhere)."""
+    name = Path(str(lab).strip()).name.removesuffix(".py")
+    match = LAB_SPELLING.match(name)
+    return (match.group(1), name if match.group(2) else None) if match else None
 
 
 def lab_folder():
@@ -33,9 +43,10 @@ def resolve_lab(lab):
         if not path.is_file():
             raise FileNotFoundError(f"no such file: {lab}")
         return path.resolve()
-    number = lab_number(f"{lab}.py") or (str(lab) if re.fullmatch(r"\d\d", str(lab)) else None)
-    if number is None:
+    spelled = lab_spelling(lab)
+    if spelled is None:
         raise FileNotFoundError(f"{lab!r} is neither a file nor a lab number such as \"00\"")
+    number = spelled[0]
     folder = lab_folder()
     matches = [path for path in lab_files(folder) if path.name.startswith(f"{number}_")]
     if not matches:
@@ -54,7 +65,7 @@ def lab_number(path):
 
 def solution_of(lab):
     """solutions/NN_name.py of a lab file (or number), or None when the course has no such lab."""
-    number = lab_number(lab) or (str(lab) if re.fullmatch(r"\d\d", str(lab)) else None)
+    number = lab_number(lab) or (lab_spelling(lab) or (None,))[0]
     found = [path for path in lab_files(COURSE_ROOT / "solutions") if path.name.startswith(f"{number}_")]
     return found[0] if number and found else None
 

@@ -18,14 +18,13 @@ self-study"). In a notebook: ``from ddpcourse.progress import status; status()``
 ``reset`` saves the learner's file as ``labs/NN_name.saved-YYYYmmdd-HHMMSS.py`` (git ignores these)
 before it writes the generated text, so nothing the learner wrote is lost.
 """
-import re
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from ddpcourse.launcher import DEFAULT_TIMEOUT
-from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files
+from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files, lab_spelling
 from ddpcourse.todos import open_todos, same_text, todo_status
 
 STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
@@ -198,17 +197,15 @@ class ResetResult:
 
 def _which_lab(lab, solutions):
     names = ", ".join(solutions) or "none"
-    text = str(lab).strip()
-    candidate = Path(text).name
-    match = re.match(r"^(\d{1,2})(?:_|\.py$|$)", candidate)
-    if not match:
+    spelled = lab_spelling(lab)  # the spellings `check` and `hint` accept (paths.resolve_lab)
+    if spelled is None:
         raise UnknownLab(f"{lab!r} is not a lab number; the labs are {names} (e.g. `python -m ddpcourse reset 00`)")
-    number = match.group(1).zfill(2)
+    number, name = spelled
     if number not in solutions:
         raise UnknownLab(f"there is no lab {number}; the labs are {names}")
     solution = solutions[number]
-    if "_" in candidate and candidate.removesuffix(".py") != solution.stem:
-        raise UnknownLab(f"lab {number} is {solution.stem}, not {candidate.removesuffix('.py')}; "
+    if name is not None and name != solution.stem:
+        raise UnknownLab(f"lab {number} is {solution.stem}, not {name}; "
                          f"the labs are {names}")
     return solution
 

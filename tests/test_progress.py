@@ -11,8 +11,8 @@ import pytest
 
 from ddpcourse.__main__ import main
 from ddpcourse.makelabs import make_lab, make_labs
-from ddpcourse.paths import COURSE_ROOT
-from ddpcourse.progress import (CHECK_FAILS, MISSING, NO_COMPILE, NOT_STARTED, PASSES, TODOS_OPEN,
+from ddpcourse.paths import COURSE_ROOT, resolve_lab, solution_of
+from ddpcourse.progress import (CHECK_FAILS, MISSING, NO_COMPILE, NOT_STARTED, PASSES, TODOS_OPEN, UnknownLab,
                                 collect_status, format_status, reset, solution_files)
 from ddpcourse.todos import open_todos, reveal_hint, solution_regions
 
@@ -158,7 +158,7 @@ def test_reset_saves_the_learners_version_then_restores_the_generated_one(tmp_pa
     assert f"your version is saved as {saved}" in result.message
     # a second reset in the same second never overwrites the first saved version
     lab.write_text(mine + "# more\n")
-    again = reset("3", labs=labs, now=when)
+    again = reset("03_change_a_wrapped_model", labs=labs, now=when)
     assert again.saved.name == f"{SOLUTIONS['03'].stem}.saved-20261121-090507-2.py"
     assert saved.read_text() == mine and again.saved.read_text() == mine + "# more\n"
 
@@ -189,6 +189,29 @@ def test_reset_refuses_unknown_labs_clearly(tmp_path, capsys, lab, message):
     assert {p.name: p.read_text() for p in labs.iterdir()} == before
 
 
+@pytest.mark.parametrize("spelling, known", [
+    ("03", True), ("03_change_a_wrapped_model", True), ("3", False), ("3_change_a_wrapped_model", False),
+    ("03_wrong_name", False), ("three", False),
+])
+def test_reset_check_and_hint_accept_the_same_spellings(tmp_path, monkeypatch, spelling, known):
+    # check and hint find the lab with resolve_lab (and its solution with solution_of), reset with its own
+    # lookup: one parser behind all three, so none accepts a spelling another refuses
+    monkeypatch.delenv("DDPCOURSE_LAB_SOURCE", raising=False)
+    labs = fresh_labs(tmp_path)
+    try:
+        by_reset = reset(spelling, labs=labs).path.name
+    except UnknownLab:
+        by_reset = None
+    try:
+        by_check = resolve_lab(spelling).name
+    except FileNotFoundError:
+        by_check = None
+    expected = SOLUTIONS["03"].name if known else None
+    assert by_reset == by_check == expected
+    if spelling != "03_wrong_name":  # solution_of reads the number only
+        assert (solution_of(spelling) == SOLUTIONS["03"]) is known
+
+
 def test_reset_cli_and_saved_files_are_ignored_by_git(tmp_path, capsys):
     labs = fresh_labs(tmp_path)
     (labs / SOLUTIONS["01"].name).write_text("# my work\n")
@@ -214,9 +237,10 @@ def test_status_line_for_the_room_reads_files_and_the_check_cache_only(tmp_path,
     (labs / SOLUTIONS["02"].name).write_text("def broken(:\n")
     (labs / SOLUTIONS["05"].name).unlink()
     open_01 = ",".join(str(k) for k, _ in open_todos(do_todo(generated("01"), 1)))
-    cells = ["00:edited", f"01:todo{open_01}", "02:syntax"] + [f"{n}:new" for n in sorted(SOLUTIONS) if n in ("03", "04")]
+    touched = {"00": "edited", "01": f"todo{open_01}", "02": "syntax", "05": "missing"}
+    cells = [f"{n}:{touched.get(n, 'new')}" for n in sorted(SOLUTIONS)]  # every lab, in order of its number
     assert main(["status", "--line", "--labs", str(labs)]) == 0
-    assert capsys.readouterr().out == " ".join(["ddpcourse", *cells, "05:missing"]) + "\n"
+    assert capsys.readouterr().out == " ".join(["ddpcourse", *cells]) + "\n"
     for size in check00.NPROCS:  # the check passed this very text on every world size
         _remember(done, check00, size, [Check("a claim", True)])
     assert main(["status", "--line", "--labs", str(labs)]) == 0
