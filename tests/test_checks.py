@@ -124,5 +124,9 @@ def test_check_cache_keeps_only_passing_verdicts_of_identical_inputs(tmp_path, m
     _remember(lab, module, 2, [Check("a", True)])
     assert [c.name for c in _cached(lab, module, 2)] == ["a"]
     assert _cached(lab, module, 3) is None  # another world size
+    elsewhere = tmp_path / "copy" / lab.name  # the key is the content, not the path (test_learner_path's copy)
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(lab.read_text())
+    assert [c.name for c in _cached(elsewhere, module, 2)] == ["a"]
     lab.write_text("print('v2')\n")
     assert _cached(lab, module, 2) is None  # another lab text

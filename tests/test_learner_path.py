@@ -125,7 +125,7 @@ def learner_run_notebook():
 @pytest.fixture(scope="module")
 def course_copy(tmp_path_factory):
     """A copy of the course whose ddpcourse the kernel (and every rank) imports, and a kernel started in it
-    as a learner's: no CI setting. labs/ is as make-labs generates it, whatever the checkout's labs/ holds."""
+    as a learner's: no DDPCOURSE_LAB_SOURCE. DDPCOURSE_CHECK_CACHE stays (see the completed-labs test). labs/ is as make-labs generates it, whatever the checkout's labs/ holds."""
     from ddpcourse.makelabs import make_lab
 
     root = tmp_path_factory.mktemp("learner") / "course"
@@ -179,6 +179,9 @@ def test_untouched_labs_show_their_todo_status(course_copy):
 
 
 def test_completed_labs_pass_every_check_cell(course_copy):
+    """The check cells may reuse a verdict from DDPCOURSE_CHECK_CACHE, on purpose: its key is the bytes of
+    the lab, its check and ddpcourse (not their paths), so a reused verdict is the one this copy would get;
+    tests/test_checks.py::test_check_cache_keeps_only_passing_verdicts_of_identical_inputs asserts that."""
     root, client = course_copy
     for solution in lab_files(root / "solutions"):
         shutil.copy(solution, root / "labs" / solution.name)
