@@ -125,7 +125,8 @@ def learner_run_notebook():
 @pytest.fixture(scope="module")
 def course_copy(tmp_path_factory):
     """A copy of the course whose ddpcourse the kernel (and every rank) imports, and a kernel started in it
-    as a learner's: no DDPCOURSE_LAB_SOURCE. DDPCOURSE_CHECK_CACHE stays (see the completed-labs test). labs/ is as make-labs generates it, whatever the checkout's labs/ holds."""
+    as a learner's: no DDPCOURSE_LAB_SOURCE. DDPCOURSE_CHECK_CACHE stays (see the completed-labs test).
+    labs/ is as make-labs generates it, whatever the checkout's labs/ holds."""
     from ddpcourse.makelabs import make_lab
 
     root = tmp_path_factory.mktemp("learner") / "course"
