@@ -45,6 +45,42 @@ def write_event(kind, **fields):
         os.close(fd)
 
 
+class RankFiles:
+    """Follows the files rank<r><suffix> of a run folder as the ranks append to them: complete lines only.
+
+    The launcher reads two kinds this way: the ranks' event files (here) and their output logs."""
+
+    def __init__(self, run_dir, suffix):
+        self.run_dir, self.suffix = Path(run_dir), suffix
+        self.offsets, self.partial = {}, {}
+
+    def poll(self):
+        """The complete lines appended since the last call, as (rank, bytes) in rank order."""
+        new = []
+        for path in sorted(self.run_dir.glob(f"rank*{self.suffix}")):
+            rank = int(path.name[len("rank"):-len(self.suffix)])
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(rank, 0))
+                    chunk = f.read()
+            except OSError:
+                continue
+            if not chunk:
+                continue
+            self.offsets[rank] = self.offsets.get(rank, 0) + len(chunk)
+            *lines, rest = (self.partial.pop(rank, b"") + chunk).split(b"\n")
+            if rest:
+                self.partial[rank] = rest
+            new.extend((rank, line) for line in lines)
+        return new
+
+    def remainders(self):
+        """Each rank's last line without a newline (read mid-write, or the last output); then forgotten."""
+        rest = sorted(self.partial.items())
+        self.partial.clear()
+        return rest
+
+
 class EventReader:
     """Follows every rank's event file as it grows; only complete lines count.
 
@@ -54,42 +90,29 @@ class EventReader:
     """
 
     def __init__(self, run_dir):
-        self.run_dir = Path(run_dir)
-        self.offsets, self.partial, self.rows = {}, {}, {}
+        self.files = RankFiles(run_dir, ".events")
+        self.rows = {}
         self.damaged = 0
 
     def poll(self):
         """Read what was appended since the last call; returns the new events as (rank, event)."""
         new = []
-        for path in self.run_dir.glob("rank*.events"):
-            rank = int(path.stem[4:])
+        for rank, line in self.files.poll():
             try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets.get(rank, 0))
-                    chunk = f.read()
-            except OSError:
+                event = json.loads(line)
+            except ValueError:  # not one of ours (a damaged line): skip it, never crash
+                self.damaged += 1
                 continue
-            self.offsets[rank] = self.offsets.get(rank, 0) + len(chunk)
-            *lines, rest = (self.partial.pop(rank, b"") + chunk).split(b"\n")
-            if rest:
-                self.partial[rank] = rest
-            for line in lines:
-                try:
-                    event = json.loads(line)
-                except ValueError:  # not one of ours (a damaged line): skip it, never crash
-                    self.damaged += 1
-                    continue
-                if event.get("event") == STARTED:
-                    self.rows[rank] = []
-                self.rows.setdefault(rank, []).append(event)
-                new.append((rank, event))
+            if event.get("event") == STARTED:
+                self.rows[rank] = []
+            self.rows.setdefault(rank, []).append(event)
+            new.append((rank, event))
         return new
 
     def close(self):
         """The final read: complete lines only; a partial last line is dropped."""
         self.poll()
-        self.damaged += len(self.partial)
-        self.partial.clear()
+        self.damaged += len(self.files.remainders())
 
     def events(self, rank):
         return self.rows.get(rank, [])

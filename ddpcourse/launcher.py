@@ -30,7 +30,7 @@ from pathlib import Path
 from ddpcourse import diagnosis
 from ddpcourse.agent import read_failures
 from ddpcourse.diagnosis import RankFailure  # noqa: F401 - part of this module's API
-from ddpcourse.events import ENDINGS, READY, RUN_DIR_ENV, STARTED, WROTE, EventReader
+from ddpcourse.events import ENDINGS, READY, RUN_DIR_ENV, STARTED, WROTE, EventReader, RankFiles
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
 from ddpcourse.printing import RunPrinter, verdict
 from ddpcourse.processes import (LAUNCHER_PID_ENV, RUN_ID_ENV, find_processes, kill_run,  # noqa: F401
@@ -359,36 +359,17 @@ def _syntax_error(path):
 
 
 class _RankLogs:
-    """Follows rank<r>.log files as the ranks write them and yields complete lines."""
+    """Follows rank<r>.log files as the ranks write them and yields complete lines as text."""
 
     def __init__(self, run_dir):
-        self.run_dir = Path(run_dir)
-        self.offsets = {}
-        self.partial = {}
+        self.files = RankFiles(run_dir, ".log")
 
     def poll(self):
-        new = []
-        for path in sorted(self.run_dir.glob("rank*.log")):
-            rank = int(path.stem[4:])
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self.offsets.get(rank, 0))
-                    chunk = f.read()
-            except OSError:
-                continue
-            if not chunk:
-                continue
-            self.offsets[rank] = self.offsets.get(rank, 0) + len(chunk)
-            text = self.partial.pop(rank, "") + chunk.decode("utf-8", "replace")
-            *lines, rest = text.split("\n")
-            if rest:
-                self.partial[rank] = rest
-            new.extend((rank, line.rstrip("\r")) for line in lines)
-        return new
+        # decoded per line, so a character split across two reads is never mangled
+        return [(rank, line.decode("utf-8", "replace").rstrip("\r")) for rank, line in self.files.poll()]
 
     def flush(self):
         """Everything left, including last lines without a newline."""
         new = self.poll()
-        new.extend((rank, rest) for rank, rest in sorted(self.partial.items()))
-        self.partial.clear()
+        new.extend((rank, rest.decode("utf-8", "replace")) for rank, rest in self.files.remainders())
         return new

@@ -78,6 +78,18 @@ def collect_tree(root_pids, run_id):
     return list(tree.values())
 
 
+def _kill_all(procs, wait=None):
+    """SIGKILL each psutil process (those already gone are skipped); then wait up to ``wait`` s for them."""
+    psutil = _psutil()
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    if wait:
+        psutil.wait_procs(procs, timeout=wait)
+
+
 def kill_run(popens, run_id):
     """SIGKILL every process of the run (see collect_tree), then reap the ones this process started."""
     psutil = _psutil()
@@ -88,12 +100,7 @@ def kill_run(popens, run_id):
             procs = []
         for popen in popens:
             _kill_group(popen)
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=2)
+        _kill_all(procs, wait=2)
         if not procs:
             break
     for popen in popens:
@@ -121,11 +128,7 @@ def end_own_tree():
         procs = collect_tree([me.pid], os.environ.get(RUN_ID_ENV, ""))
     except (psutil.Error, OSError):
         procs = []
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    _kill_all(procs)
     os._exit(1)  # nobody is left to read anything this process would still do
 
 
@@ -209,12 +212,7 @@ def end_leftover_runs(include_active=False, say=print, select=None):
                 procs.append(psutil.Process(pid))
             except psutil.Error:
                 continue
-        for proc in procs:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(procs, timeout=5)
+        _kill_all(procs, wait=5)
         say(f"ended run {run.run_id[:12]}: {len(run.processes)} process(es)")
         for pid, command in run.processes:
             say(f"  {pid}  {command[:150]}")
