@@ -190,8 +190,11 @@ WAITS = """
 
 def _start_cli(path, marker, nproc=2):
     env = dict(os.environ, DDPCOURSE_TEST_MARKER=marker)
+    # SIGINT back to its default: a pytest started in the background by a shell inherits it ignored, and
+    # Python then installs no KeyboardInterrupt handler, so the interrupt test would wait for the timeout
     cli = subprocess.Popen([sys.executable, "-m", "ddpcourse", "run", str(path), "--nproc", str(nproc),
-                            "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                            "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     for line in cli.stdout:  # wait until every rank is really running
         lines.append(line)
