@@ -14,7 +14,8 @@ It wraps the script so the launcher can tell a learner precisely what happened (
 - rank 0's store for init_process_group is torch's own, which listens on every interface for as long as rank 0
   runs: handing it a loopback socket (``TCPStore(master_listen_fd=...)``, as the agent does for the rendezvous
   store) made ranks abort at exit more often: 6 of 24 three-rank runs of solutions/03, against 0 of 6 without it and
-  0 of 20 under plain torchrun (docs/troubleshooting.md, the macOS firewall row);
+  0 of 20 under plain torchrun, on an idle machine (docs/troubleshooting.md, the macOS firewall row; under load a
+  bare torchrun aborts too: see _exit_skipping_finalization);
 - hooks named in $DDPCOURSE_WORKER_HOOKS ("module:function,...") are called with the script's path before
   it runs: lab 05's check uses ddpcourse.watch_writes to see which ranks write its checkpoints, and how.
 """
@@ -118,11 +119,15 @@ def _exit_skipping_finalization():
     """Run the atexit handlers, flush, and end without the interpreter's finalization.
 
     Only after a correct ``destroy_process_group()``: a group left open is reported and the interpreter exits
-    normally. Why: with torch 2.13 on gloo, ranks of this worker abort at exit now and then ("terminate called
-    without an active exception", SIGABRT or SIGSEGV) after a correct destroy: 4 aborts in one full test run
-    under load, 0 in 30 runs of solutions/02 and 03 on an idle machine, 0 in 20 under plain torchrun. The cause
-    is not found and no minimal reproducer or torch issue exists yet (a rank-0 loopback store made it more
-    frequent and was removed): remove this shortcut once one shows what it is.
+    normally. Why: torch 2.13 on gloo aborts at interpreter exit now and then, after a correct destroy
+    ("terminate called without an active exception", SIGABRT). benchmarks/exit_after_destroy.py shows it with
+    no course code at all: a bare torchrun of a five-step DDP script, 3 ranks, 2 busy processes beside (3 of
+    30 runs here). The
+    mechanism is torch's: a C++ thread that takes the GIL while the interpreter finalizes is ended by Python,
+    and the unwind through a C++ destructor calls std::terminate; see https://github.com/pytorch/pytorch/issues/38228
+    (the cause, with a maintainer's analysis) and https://github.com/pytorch/pytorch/issues/190489 (the same
+    message from gloo and autograd threads at exit). Skipping finalization skips that window; remove this
+    shortcut once the reproducer runs clean on the pinned torch.
     """
     atexit._run_exitfuncs()
     sys.stdout.flush()
