@@ -122,9 +122,9 @@ def _exit_skipping_finalization():
     normally. Why: torch 2.13 on gloo aborts at interpreter exit now and then, after a correct destroy
     ("terminate called without an active exception", SIGABRT). benchmarks/exit_after_destroy.py shows it with
     no course code at all: a bare torchrun of a five-step DDP script, 3 ranks, 2 busy processes beside (3 of
-    30 runs here). The
-    mechanism is torch's: a C++ thread that takes the GIL while the interpreter finalizes is ended by Python,
-    and the unwind through a C++ destructor calls std::terminate; see https://github.com/pytorch/pytorch/issues/38228
+    30 runs here). The mechanism is torch's: a C++ thread that takes the GIL while the interpreter finalizes
+    is ended by Python, and the unwind through a C++ destructor calls std::terminate; see
+    https://github.com/pytorch/pytorch/issues/38228
     (the cause, with a maintainer's analysis) and https://github.com/pytorch/pytorch/issues/190489 (the same
     message from gloo and autograd threads at exit). Skipping finalization skips that window; remove this
     shortcut once the reproducer runs clean on the pinned torch.
