@@ -1,4 +1,9 @@
-"""What each rank runs under the launcher: ``python -m ddpcourse._worker FILE ARGS...``.
+"""What each rank runs under the launcher, as torchrun's worker script: ``_worker.py FILE ARGS...``.
+
+How a rank starts: on Linux torchrun forks it from its agent (``--run-path --start-method fork``, torch's own
+options), which has imported torch already, so a rank costs milliseconds instead of a second import of
+torch; elsewhere (macOS: forking a process that loaded system frameworks is unsafe) and for one rank
+without torchrun, it is a fresh interpreter, ``python -m ddpcourse._worker FILE``. Either way:
 
 It wraps the script so the launcher can tell a learner precisely what happened (ddpcourse.events):
 - the rank's stdout and stderr go, in order, to one log file per rank (the launcher tags and streams it);
@@ -10,6 +15,7 @@ It wraps the script so the launcher can tell a learner precisely what happened (
 - at the end of the script it records whether the default process group is still open (a lab must call
   ``dist.destroy_process_group()``; the launcher reports an open one, and that rank exits normally); a rank
   whose group was destroyed runs its atexit handlers and skips finalization (see _exit_skipping_finalization);
+  a forked rank never finalizes: torch's multiprocessing ends it with ``os._exit`` once its agent has its result;
 - a watchdog ends the rank and its children if its parent (torchrun's agent, or the launcher) dies;
 - rank 0's store for init_process_group is torch's own, which listens on every interface for as long as rank 0
   runs: handing it a loopback socket (``TCPStore(master_listen_fd=...)``, as the agent does for the rendezvous
@@ -106,12 +112,34 @@ def _process_group_open():
     return bool(distributed and distributed.is_available() and distributed.is_initialized())
 
 
+def _forked_from_agent():
+    """Whether torchrun forked this rank from its agent (``--run-path --start-method fork``)."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
+def _as_a_fresh_process():
+    """Undo what a forked rank inherits from torchrun's agent and a fresh ``python`` would not have: the agent's
+    signal handlers (its SIGTERM raises an exception instead of ending the process) and its atexit handlers
+    (they clean up the agent's own files)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    atexit._clear()
+
+
 def _finished():
     """Record the end of the script and whether the default process group is still open; a rank whose group
     was destroyed then ends without the interpreter's finalization (see _exit_skipping_finalization)."""
     group_open = _process_group_open()
     write_event(FINISHED, process_group_open=group_open)
-    if not group_open:
+    if _forked_from_agent():  # torch's multiprocessing ends it with os._exit: only the script's handlers to run
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    elif not group_open:
         _exit_skipping_finalization()
 
 
@@ -141,6 +169,8 @@ def main():
     lab_file = os.path.abspath(sys.argv[1])
     run_dir = os.environ[RUN_DIR_ENV]
     rank = int(os.environ.get("RANK", "0"))
+    if _forked_from_agent():
+        _as_a_fresh_process()
     _redirect_output(run_dir, rank)
     watch_parent()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -160,11 +190,16 @@ def main():
         code = exc.code
         if code in (None, 0):
             _finished()
+            if _forked_from_agent():
+                return  # a forked rank that ends well returns (torch then reads its result, code 0)
         else:
             write_event(EXIT, code=code if isinstance(code, int) else 1, message=str(code))
         raise
     except KeyboardInterrupt:
         write_event(INTERRUPTED)
+        if _forked_from_agent():  # end as python does after an uncaught Ctrl-C (torch would exit 0)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, then the rank fails as it would have
         _record_exception(exc, lab_file)

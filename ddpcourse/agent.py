@@ -1,8 +1,10 @@
-"""torchrun's agent for a course run: ``python -m ddpcourse.agent TORCHRUN_OPTIONS... -m ddpcourse._worker FILE``.
+"""torchrun's agent for a course run: ``python -m ddpcourse.agent TORCHRUN_OPTIONS... WORKER FILE``.
 
 It is ``python -m torch.distributed.run`` with three additions:
 - the failures torchrun collects (``ChildFailedError.failures``: each failed rank's exit code, pid,
-  local rank) are saved as JSON in the run folder, so the launcher reads exit codes as data;
+  local rank) are saved as JSON in the run folder, so the launcher reads exit codes as data; for ranks
+  torchrun forked (``--start-method fork``) that report names only the first rank that failed, so the
+  others' exit codes are read from torch's ProcessContext (see _remember_forked_ranks);
 - a watchdog: if the process that started this agent dies (a kernel or a CLI killed, even with SIGKILL),
   the agent ends the run's processes and itself (ddpcourse.processes.watch_parent);
 - the rendezvous store listens on 127.0.0.1 only (ddpcourse.stores): ``--standalone`` becomes a c10d
@@ -51,17 +53,46 @@ def _with_loopback_store(argv):
     return argv, None
 
 
+def _remember_forked_ranks():
+    """[ProcessContext] of every attempt whose ranks torchrun forks (--start-method fork): its failure report
+    names only the first rank that failed, and the others' exit codes are read from these."""
+    import torch.multiprocessing
+
+    contexts, start = [], torch.multiprocessing.start_processes
+
+    def start_and_remember(*args, **kwargs):
+        contexts.append(start(*args, **kwargs))
+        return contexts[-1]
+
+    torch.multiprocessing.start_processes = start_and_remember
+    return contexts
+
+
+def _failures(exc, contexts):
+    """{rank: {exitcode, local_rank, pid}} of every rank of the last attempt that ended with a non-zero code."""
+    failures = {rank: {"exitcode": f.exitcode, "local_rank": f.local_rank, "pid": f.pid}
+                for rank, f in exc.failures.items()}
+    if contexts and failures:
+        first = next(iter(failures))
+        node_offset = first - failures[first]["local_rank"]  # this node's first global rank
+        for local_rank, process in enumerate(contexts[-1].processes):
+            if process.exitcode:
+                failures.setdefault(node_offset + local_rank, {
+                    "exitcode": process.exitcode, "local_rank": local_rank, "pid": process.pid})
+    return failures
+
+
 def main():
     watch_parent()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
     argv, store = _with_loopback_store(sys.argv[1:])  # noqa: F841 - store: kept alive until torchrun ends
+    contexts = _remember_forked_ranks()
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        failures = {rank: {"exitcode": f.exitcode, "local_rank": f.local_rank, "pid": f.pid}
-                    for rank, f in exc.failures.items()}
+        failures = _failures(exc, contexts)
         path = failures_file(os.environ[RUN_DIR_ENV], os.getpid())
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(failures, f)

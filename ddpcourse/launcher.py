@@ -6,6 +6,7 @@ Introduced in notebooks/00_start_here.ipynb. ``run_lab(file, nproc=2)`` in a not
 - run FILE under torchrun (``python -m ddpcourse.agent``: torch.distributed.run plus failures saved as
   data and a watchdog) with this interpreter, rendezvous, MASTER_ADDR and gloo on the loopback interface,
   OMP_NUM_THREADS as the user set it or else the usable cores divided among the ranks, output unbuffered;
+  on Linux torchrun forks the ranks from its agent, which has imported torch already (see forks_ranks);
   one rank on one node without torchrun options skips the agent: the worker is started directly;
 - stream every rank's output live, tagged by rank (ddpcourse.printing);
 - return what the script passed to ``ddpcourse.report(...)``, per rank (ddpcourse.events);
@@ -14,7 +15,7 @@ Introduced in notebooks/00_start_here.ipynb. ``run_lab(file, nproc=2)`` in a not
   Python stack was (ddpcourse.stacks), then kill the whole process tree (ddpcourse.processes); the
   Jupyter stop button (KeyboardInterrupt) does the same.
 
-This process never imports torch: each launch already pays for every rank importing it.
+This process never imports torch: each launch already pays for its agent (or its one rank) importing it.
 """
 import math
 import os
@@ -39,6 +40,8 @@ from ddpcourse.stacks import dump_stacks, format_stack
 
 DEFAULT_TIMEOUT = 60.0   # seconds a run may take once every rank is ready
 STARTUP_TIMEOUT = 120.0  # seconds the ranks may take to start (interpreters importing torch on a busy laptop)
+FORK_RANKS_ENV = "DDPCOURSE_FORK_RANKS"  # "0": every rank a fresh interpreter, as on macOS (see forks_ranks)
+WORKER_FILE = Path(__file__).with_name("_worker.py")
 POLL_SECONDS = 0.1  # how often the live output is refreshed; the end of the run is noticed at once
 
 
@@ -168,7 +171,41 @@ def build_command(file, nproc, args=(), torchrun_args=(), rendezvous=None):
                  "--rdzv-id", run_id, "--rdzv-conf", "is_host=0"]
     return [sys.executable, "-m", "ddpcourse.agent", *where,
             "--nproc-per-node", str(nproc), "--local-addr", "127.0.0.1", "--monitor-interval", "0.05",
-            *torchrun_args, "-m", "ddpcourse._worker", str(file), *map(str, args)]
+            *_start_options(torchrun_args), *torchrun_args, *_worker_command(file, args, torchrun_args)]
+
+
+def forks_ranks(torchrun_args=()):
+    """Whether torchrun forks the ranks from its agent (``--run-path --start-method fork``, torch's own options)
+    instead of starting a fresh interpreter per rank. The agent has imported torch already, so a forked rank
+    skips that import (about 1.7 s of CPU a rank here). Not on macOS (forking a process that loaded system
+    frameworks is unsafe: fresh interpreters, as ``multiprocessing`` does there), not with $DDPCOURSE_FORK_RANKS=0,
+    and not when torchrun may restart the ranks: measured here, ranks forked for a restart that skipped the last
+    ``dist.barrier()`` deadlocked at exit in 3 of 16 runs (the main thread, holding the GIL, destroys the gloo
+    group and joins its worker thread, which waits for the GIL to free a work item), against 0 of 16 forked
+    without a restart and 0 of 22 fresh interpreters with one; the cause inside torch is not found."""
+    if not sys.platform.startswith("linux") or os.environ.get(FORK_RANKS_ENV, "1") == "0":
+        return False
+    return _max_restarts(torchrun_args) == 0
+
+
+def _max_restarts(torchrun_args):
+    args = [str(a) for a in torchrun_args]
+    for i, arg in enumerate(args):
+        name, _, value = arg.partition("=")
+        if name in ("--max-restarts", "--max_restarts"):
+            value = value or (args[i + 1] if i + 1 < len(args) else "0")
+            return int(value) if value.isdigit() else 1
+    return 0
+
+
+def _start_options(torchrun_args):
+    return ["--run-path", "--start-method", "fork"] if forks_ranks(torchrun_args) else []
+
+
+def _worker_command(file, args, torchrun_args):
+    # --run-path runs a script by its path inside the forked rank; otherwise a module in a fresh interpreter
+    worker = [str(WORKER_FILE)] if forks_ranks(torchrun_args) else ["-m", "ddpcourse._worker"]
+    return [*worker, str(file), *map(str, args)]
 
 
 def _free_port():

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddpcourse import diagnosis, processes
+from ddpcourse import diagnosis, launcher, processes
 from ddpcourse.events import EventReader
 from ddpcourse.launcher import (RUN_ID_ENV, STARTUP_TIMEOUT, build_env, cgroup_cpu_quota, find_processes,
                                 processes_of_run, run, threads_per_rank)
@@ -117,6 +117,41 @@ def test_a_process_group_left_open_fails_the_run(tmp_path):
                               "dist.destroy_process_group() at the end of the script.")
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ranks are forked on Linux only")
+def test_forked_ranks_skip_the_import_yet_start_as_fresh_processes(tmp_path):
+    """torchrun forks the ranks from its agent (torch already imported there), but what a fresh `python`
+    would have is restored: default SIGTERM (the agent's raises an exception), no atexit handlers of the
+    agent's, and the script's own atexit handlers still run; a rank that ends with its group open is named."""
+    path = script(tmp_path, "fresh.py", """
+        import atexit, os, signal, sys
+        from ddpcourse import report
+        atexit.register(report, atexit_ran=True)
+        report(torch_loaded="torch" in sys.modules, parent=os.getppid(), pid=os.getpid(),
+               sigterm_default=signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        """)
+    result = launch(path, nproc=2)
+    assert result.values("torch_loaded") == [True, True]  # forked from the agent: no second import
+    assert len(set(result.values("parent"))) == 1 and result.values("parent")[0] not in result.values("pid")
+    assert result.values("sigterm_default") == [True, True]
+    assert result.values("atexit_ran") == [True, True]
+    assert not result.ok and result.failure.kind == "open_process_group" and result.failure.rank == 0
+    assert result.failure.message.startswith("rank 0 ended with its process group open (ranks [1] too)")
+
+
+def test_ranks_that_torchrun_may_restart_start_as_fresh_interpreters(monkeypatch):
+    monkeypatch.delenv(launcher.FORK_RANKS_ENV, raising=False)
+    on_linux = sys.platform.startswith("linux")
+    assert launcher.forks_ranks([]) is on_linux
+    assert launcher.forks_ranks(["--max-restarts", "0"]) is on_linux
+    for options in (["--max-restarts", "1"], ["--max_restarts=3"]):
+        assert launcher.forks_ranks(options) is False
+        assert launcher.build_command("x.py", 2, torchrun_args=options)[-3:] == ["-m", "ddpcourse._worker", "x.py"]
+    monkeypatch.setenv(launcher.FORK_RANKS_ENV, "0")
+    assert launcher.forks_ranks([]) is False
+
+
 def _forbid_proc_reads_from_course_code(monkeypatch):
     """Make /proc unavailable to ddpcourse's own code (psutil, which uses the OS's own interface on each
     platform, still works): the cleanup must not depend on a Linux-only scan."""
@@ -140,6 +175,14 @@ def _forbid_proc_reads_from_course_code(monkeypatch):
     return listed
 
 
+def _gone(pid):
+    """Ended: no such process, or a zombie waiting for its parent to read its exit code."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_grandchildren_are_killed_without_reading_proc(tmp_path, monkeypatch):
     listed = _forbid_proc_reads_from_course_code(monkeypatch)
     path = script(tmp_path, "spawner.py", """
@@ -156,13 +199,16 @@ def test_grandchildren_are_killed_without_reading_proc(tmp_path, monkeypatch):
     assert listed, "the run's processes were looked up through psutil"
     assert result.reports[0]["atexit_ran"] is True
     for pid in result.values("pids")[0]:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert _gone(pid)
 
 
 
-def test_torchrun_ranks_and_their_children_are_killed_at_a_timeout_without_reading_proc(tmp_path, monkeypatch):
-    """Two ranks under torchrun's agent, each in a session of its own, hang with a child in their process
-    group and one that left it (setsid): the timeout (3 s from every rank being ready) ends them all."""
+@pytest.mark.parametrize("forked", [True, False], ids=["forked ranks", "fresh interpreters"])
+def test_torchrun_ranks_and_their_children_are_killed_at_a_timeout_without_reading_proc(tmp_path, monkeypatch, forked):
+    """Two ranks under torchrun's agent hang with a child in their process group and one that left it
+    (setsid): the timeout (3 s from every rank being ready) ends them all. Ranks started as fresh
+    interpreters (macOS) are each in a session of their own, so killing the agent's group misses them."""
+    monkeypatch.setenv(launcher.FORK_RANKS_ENV, "1" if forked else "0")
     listed = _forbid_proc_reads_from_course_code(monkeypatch)
     path = script(tmp_path, "hangs.py", """
         import os, subprocess, sys, time
@@ -176,9 +222,9 @@ def test_torchrun_ranks_and_their_children_are_killed_at_a_timeout_without_readi
     result = launch(path, nproc=2, timeout=3)
     assert result.timed_out and result.failure.kind == "timeout", result.message
     assert listed, "the run's processes were looked up through psutil"
-    assert result.values("own_session") == [True, True]  # torchrun starts each worker in its own session
+    assert result.values("own_session") == [not forked] * 2
     for pid in [pid for pids in result.values("pids") for pid in pids]:
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert _gone(pid)
 
 WAITS = """
     import subprocess, sys, time
