@@ -3,6 +3,8 @@
 Terminal: tagged lines ``[rank r] text`` printed live. Jupyter: a live view (ddpcourse.display), then the
 lines grouped by rank, so a cell's permanent output is the same on every run.
 """
+import sys
+
 from ddpcourse.stacks import stacks_text
 
 
@@ -38,10 +40,10 @@ class RunPrinter:
 
 
 def in_jupyter():
-    try:
-        from IPython import get_ipython
-    except ImportError:
+    if "IPython" not in sys.modules:  # a kernel has imported it long before; a terminal need not (0.4 s)
         return False
+    from IPython import get_ipython
+
     shell = get_ipython()
     return shell is not None and hasattr(shell, "kernel")
 
