@@ -4,6 +4,7 @@ Named in $DDPCOURSE_WORKER_HOOKS as ``ddpcourse.watch_writes:install``; lab 05's
 $DDPCOURSE_WATCH_WRITES. Lab 05's check uses it to see which ranks write the checkpoint and whether
 they write it atomically (ddpcourse/checks/lab05.py).
 """
+import functools
 import hashlib
 import os
 import sys
@@ -115,11 +116,31 @@ def watch_writes(folder, lab_file):
 
     functions = set(filter(None, os.environ.get(WATCH_RETURNS_ENV, "").split(",")))
 
-    def profile(frame, event, arg):
+    def noting_returns(function):
+        @functools.wraps(function)
+        def watched_function(*args, **kwargs):
+            try:
+                return function(*args, **kwargs)
+            finally:
+                note(op="returned", function=function.__name__, files=folder_digests())
+        return watched_function
+
+    def wrap_when_defined(frame, event, arg):
+        """Line by line through the lab's module body only: once it has defined every watched function,
+        replace each with a wrapper that notes its returns, and stop tracing. A profiler that watched every
+        call instead slowed the whole run down (torch's imports in DDP's constructor: seconds)."""
+        namespace = frame.f_globals
+        if all(callable(namespace.get(name)) for name in functions):
+            for name in functions:
+                namespace[name] = noting_returns(namespace[name])
+            sys.settrace(None)
+            return None
+        return wrap_when_defined
+
+    def find_lab_module(frame, event, arg):
         code = frame.f_code
-        if event == "return" and code.co_name in functions and code.co_filename == lab_file:
-            note(op="returned", function=code.co_name, files=folder_digests())
+        return wrap_when_defined if code.co_filename == lab_file and code.co_name == "<module>" else None
 
     torch.save, os.fsync, os.replace, os.rename = save, fsync, renamer(original_replace), renamer(original_rename)
     if functions:
-        sys.setprofile(profile)
+        sys.settrace(find_lab_module)
