@@ -2,10 +2,8 @@
 
 How a rank starts: on Linux torchrun forks it from its agent (``--run-path --start-method fork``, torch's own
 options), which has imported torch already, so a rank costs milliseconds instead of a second import of
-torch; elsewhere (macOS: forking a process that loaded system frameworks is unsafe) and for one rank
-without torchrun, it is a fresh interpreter, ``python -m ddpcourse._worker FILE``. Either way:
-
-It wraps the script so the launcher can tell a learner precisely what happened (ddpcourse.events):
+torch. On macOS, for runs torchrun may restart, and for one rank without torchrun it is a fresh interpreter,
+``python -m ddpcourse._worker FILE`` (see ddpcourse.launcher.forks_ranks). Either way it wraps the script so the launcher can tell a learner precisely what happened (ddpcourse.events):
 - the rank's stdout and stderr go, in order, to one log file per rank (the launcher tags and streams it);
 - ``faulthandler`` dumps every thread's Python stack to a file on SIGUSR1 (used at a timeout);
 - torch is imported *before* the "ready" event when the script imports it, so the launcher's timeout

@@ -171,7 +171,7 @@ def build_command(file, nproc, args=(), torchrun_args=(), rendezvous=None):
                  "--rdzv-id", run_id, "--rdzv-conf", "is_host=0"]
     return [sys.executable, "-m", "ddpcourse.agent", *where,
             "--nproc-per-node", str(nproc), "--local-addr", "127.0.0.1", "--monitor-interval", "0.05",
-            *_start_options(torchrun_args), *torchrun_args, *_worker_command(file, args, torchrun_args)]
+            *torchrun_args, *_worker_command(file, args, forks_ranks(torchrun_args))]
 
 
 def forks_ranks(torchrun_args=()):
@@ -198,13 +198,10 @@ def _max_restarts(torchrun_args):
     return 0
 
 
-def _start_options(torchrun_args):
-    return ["--run-path", "--start-method", "fork"] if forks_ranks(torchrun_args) else []
-
-
-def _worker_command(file, args, torchrun_args):
-    # --run-path runs a script by its path inside the forked rank; otherwise a module in a fresh interpreter
-    worker = [str(WORKER_FILE)] if forks_ranks(torchrun_args) else ["-m", "ddpcourse._worker"]
+def _worker_command(file, args, forked):
+    """The worker part of torchrun's command: the worker file run by path inside each forked rank, else a
+    module in a fresh interpreter per rank."""
+    worker = ["--run-path", "--start-method", "fork", str(WORKER_FILE)] if forked else ["-m", "ddpcourse._worker"]
     return [*worker, str(file), *map(str, args)]
 
 
