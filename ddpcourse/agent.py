@@ -88,6 +88,9 @@ def main():
     from torch.distributed.run import parse_args, run
 
     argv, store = _with_loopback_store(sys.argv[1:])  # noqa: F841 - store: kept alive until torchrun ends
+    # torchrun's own files (per-attempt folders) go into the run folder, which the launcher deletes: by
+    # default each run would leave a torchelastic_* folder in the system's temporary folder for good
+    argv = ["--log-dir", os.path.join(os.environ[RUN_DIR_ENV], "torchrun"), *argv]
     contexts = _remember_forked_ranks()
     try:
         run(parse_args(argv))
@@ -99,7 +102,17 @@ def main():
         os.replace(path + ".tmp", path)
         codes = ", ".join(f"rank {rank}: exit code {row['exitcode']}" for rank, row in sorted(failures.items()))
         print(f"torchrun: the workers failed ({codes})", file=sys.stderr, flush=True)
-        sys.exit(1)
+        _end(1)
+    _end(0)
+
+
+def _end(code):
+    """End the agent once torchrun has returned and its result is saved, without the interpreter's
+    finalization: with torch loaded that takes about 0.4 s here (every launch waits for it), and the agent has
+    nothing left to finalize (its ranks have ended, its files are written; only the store's thread remains)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -134,7 +134,8 @@ FINISHES = """
 
 def torchrun(tmp_path, *options, env=None):
     path = write(tmp_path, "finishes.py", FINISHES)
-    command = [sys.executable, "-m", "torch.distributed.run", *options, str(path)]
+    # --log-dir: torchrun's per-run folder in the test's folder, not left in the system's temporary folder
+    command = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(tmp_path / "logs"), *options, str(path)]
     return subprocess.run(command, capture_output=True, text=True, env=env or clean_env(), timeout=120)
 
 
@@ -277,7 +278,7 @@ def test_todos_one_at_a_time_versus_status(tmp_path):
     assert row.todos == [1, 2, 3] and row.launched is False
 
 
-def test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects(capsys):
+def test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects(capsys, tmp_path):
     """torch.distributed.launch parses torchrun's options and runs torchrun's agent, but adds --local-rank=N
     to the script's arguments; a script written for torchrun (reading LOCAL_RANK) fails on it. No launch."""
     import argparse
@@ -285,7 +286,8 @@ def test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects(capsys
     import torch.distributed.launch as legacy_launch
     import torch.distributed.run as torchrun_module
 
-    command = ["--nproc-per-node", "1", "train.py", "--epochs", "1"]  # 1: with more, it would set OMP_NUM_THREADS here
+    # 1 rank: with more, it would set OMP_NUM_THREADS here; --log-dir: else each config makes a temporary folder
+    command = ["--nproc-per-node", "1", "--log-dir", str(tmp_path), "train.py", "--epochs", "1"]
     _, _, legacy_args = torchrun_module.config_from_args(legacy_launch.parse_args(command))
     _, _, torchrun_args = torchrun_module.config_from_args(torchrun_module.get_args_parser().parse_args(command))
     assert "--local-rank=${local_rank}" in legacy_args and "--local-rank=${local_rank}" not in torchrun_args
