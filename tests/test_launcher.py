@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -43,11 +44,16 @@ def line_is(path, text):
     return next(i for i, line in enumerate(lines, start=1) if line.strip() == text)
 
 
+def torchrun_log_folders():
+    return set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
+
+
 def launch(path, nproc=2, timeout=30.0, **kwargs):
-    start = time.monotonic()
+    start, folders = time.monotonic(), torchrun_log_folders()
     result = run(path, nproc=nproc, timeout=timeout, show="none", **kwargs)
     assert time.monotonic() - start < STARTUP_TIMEOUT + timeout + SLACK
     assert processes_of_run(result.run_id) == []
+    assert torchrun_log_folders() == folders  # torchrun's log folder was in the run's folder, deleted with it
     return result
 
 
