@@ -5,7 +5,11 @@ solutions/, whose outputs are the committed ones. A learner's run uses labs/.
 """
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
 
 os.environ["DDPCOURSE_LAB_SOURCE"] = "solutions"
 # Each (solution, world size) is checked once per test session: the notebooks' check cells reuse the
@@ -15,6 +19,44 @@ os.environ["DDPCOURSE_CHECK_CACHE"] = tempfile.mkdtemp(prefix="ddpcourse-check-c
 # clean/ holds the learners' copies: no outputs to compare, and a learner's saved run must not become a test.
 collect_ignore = ["clean"]
 
+SOLUTION_CHECK = "test_solution_passes_its_check"
+_verdicts_in_background = []  # the process computing the solutions' verdicts, once started
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """When the session checks every solution, a background process computes those verdicts (into the check
+    cache) while the other tests run, and the solution tests come last among tests/, where they find them.
+
+    Why: one launch keeps about one of this machine's two cores busy (interpreters importing torch one after
+    the other), so two at once take little more time than one. Every verdict is still computed in this session
+    by check_lab; a test that finds no passing verdict runs the check itself and shows its failures."""
+    from ddpcourse.paths import COURSE_ROOT, lab_files
+
+    solutions = lab_files(COURSE_ROOT / "solutions")
+    checks = [item for item in items if getattr(item, "originalname", "") == SOLUTION_CHECK]
+    if len(checks) < len(solutions):  # a selection: check what was asked for, in its place
+        return
+    others = [item for item in items if item not in checks]
+    notebooks = next((i for i, item in enumerate(others) if item.path.suffix == ".ipynb"), len(others))
+    items[:] = others[:notebooks] + checks + others[notebooks:]
+
+    def check_every_solution():
+        for solution in solutions:  # notebook order: the order the suite needs them in
+            process = subprocess.Popen([sys.executable, "-m", "ddpcourse", "check", str(solution)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            _verdicts_in_background[:] = [process]
+            if process.wait() < 0:  # ended by a signal: the session is over
+                return
+
+    threading.Thread(target=check_every_solution, name="solution-verdicts", daemon=True).start()
+
 
 def pytest_sessionfinish(session, exitstatus):
+    for process in _verdicts_in_background:  # still running only if the session stopped early (-x, Ctrl-C)
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)  # the launcher then ends its run's processes
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
     shutil.rmtree(os.environ["DDPCOURSE_CHECK_CACHE"], ignore_errors=True)

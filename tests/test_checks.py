@@ -130,3 +130,40 @@ def test_check_cache_keeps_only_passing_verdicts_of_identical_inputs(tmp_path, m
     assert [c.name for c in _cached(elsewhere, module, 2)] == ["a"]
     lab.write_text("print('v2')\n")
     assert _cached(lab, module, 2) is None  # another lab text
+
+
+def test_a_verdict_another_process_is_computing_is_awaited_and_a_dead_claim_is_void(tmp_path, monkeypatch):
+    """The suite computes the solutions' verdicts in a background process (conftest.py): a check that needs
+    one of them meanwhile waits for it instead of launching the same runs again."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from ddpcourse.checks import CACHE_ENV, Check, _cache_file, _cached, _claim_file, _remember
+    from ddpcourse.checks import lab00 as module
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    lab = tmp_path / "00_first_collectives.py"
+    lab.write_text("print('v1')\n")
+    claim = _claim_file(_cache_file(lab, module, 2))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        claim.write_text(str(other.pid))  # another live process is checking this very text on 2 ranks
+        assert _cached(lab, module, 2) is None  # without wait (the status table): no verdict yet
+
+        def verdict_arrives():
+            _remember(lab, module, 2, [Check("a", True)])
+            claim.unlink()
+
+        threading.Timer(0.5, verdict_arrives).start()
+        start = time.monotonic()
+        assert [c.name for c in _cached(lab, module, 2, wait=True)] == ["a"]
+        assert time.monotonic() - start >= 0.4  # it waited for the other process's verdict
+    finally:
+        other.kill()
+        other.wait()
+    _claim_file(_cache_file(lab, module, 3)).write_text(str(other.pid))  # its claimant died (a crashed check)
+    start = time.monotonic()
+    assert _cached(lab, module, 3, wait=True) is None  # nothing to wait for: this process checks it itself
+    assert time.monotonic() - start < 1.0

@@ -20,6 +20,8 @@ import importlib
 import json
 import os
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +32,12 @@ from ddpcourse.todos import todo_status
 
 # A folder where passing verdicts are kept, keyed by everything they depend on (the lab file, the check,
 # this package's code, the world size). The test suite sets it so that a notebook's check cell reuses the
-# verdict the unit tests already computed for the same solution instead of launching it again.
+# verdict the unit tests already computed for the same solution instead of launching it again. While a
+# process checks a key it holds a claim on it (a ``.pending`` file with its pid): another process that needs
+# the same verdict waits for it instead of launching the same runs (the suite computes the solutions'
+# verdicts in a background process, see conftest.py).
 CACHE_ENV = "DDPCOURSE_CHECK_CACHE"
+CLAIM_WAIT = 600.0  # seconds to wait for another process's verdict at most (it has its own timeouts)
 
 
 @dataclass
@@ -138,11 +144,12 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     say(f"Checking {display_path(path)} (lab {number}) on {', '.join(map(str, sizes))} rank(s)")
     for i, size in enumerate(sizes):
         say(f"... running the lab on {size} rank(s) (timeout {timeout:g} s per run)")
-        found = _cached(path, module, size)
+        found = _cached(path, module, size, wait=True)
         if found is None:
-            found = _check_world_size(path, module, size, timeout)
-            report.launched = True
-            _remember(path, module, size, found)
+            with _claim(path, module, size):
+                found = _check_world_size(path, module, size, timeout)
+                report.launched = True
+                _remember(path, module, size, found)
         for check in found:
             say(str(check))
         report.results.extend(found)
@@ -196,11 +203,53 @@ def _cache_file(path, module, size):
     return Path(folder) / f"{Path(path).stem}-{digest.hexdigest()[:20]}.json"
 
 
-def _cached(path, module, size):
+def _cached(path, module, size, wait=False):
+    """The cached passing verdict, or None. wait: while another live process holds a claim on this key,
+    wait for its verdict (None if it did not pass)."""
     cache = _cache_file(path, module, size)
-    if cache is None or not cache.exists():
+    if cache is None:
+        return None
+    if wait:
+        deadline = time.monotonic() + CLAIM_WAIT
+        while _claimed_by_another(cache) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if not cache.exists():
         return None
     return [Check(**row) for row in json.loads(cache.read_text())]
+
+
+def _claim_file(cache):
+    return cache.with_suffix(".pending")
+
+
+def _claimed_by_another(cache):
+    try:
+        pid = int(_claim_file(cache).read_text() or 0)
+    except (OSError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False  # the claimant died: its claim is void
+    except OSError:
+        pass  # exists (another user's, say)
+    return True
+
+
+@contextmanager
+def _claim(path, module, size):
+    """Hold a claim on this verdict's key while computing it (see CACHE_ENV); nothing without a cache."""
+    cache = _cache_file(path, module, size)
+    claim = _claim_file(cache) if cache is not None else None
+    if claim is not None:
+        claim.write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        if claim is not None:
+            claim.unlink(missing_ok=True)
 
 
 def _remember(path, module, size, found):
