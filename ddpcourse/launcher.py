@@ -366,6 +366,7 @@ def _agent_exit_codes(run_dir):
 
 
 def _stacks(run_dir, events, lab_file, wait=2.0):
+    events.poll()  # what the ranks wrote since the last look (an interrupt can come before the loop read it)
     pids = {rank: events.first(rank, STARTED)["pid"] for rank in events.ranks() if events.first(rank, STARTED)}
     live = {rank: pid for rank, pid in pids.items() if not any(e["event"] in ENDINGS for e in events.events(rank))}
     raw = dump_stacks(run_dir, live, wait=wait)

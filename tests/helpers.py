@@ -24,3 +24,13 @@ def detail(report, name_part):
     found = [c for c in report.results if name_part in c.name]
     assert found, [c.name for c in report.results]
     return found[0]
+
+
+def wrong_version(solution_name, *edits, nproc=2):
+    """Declare the wrong version a test judges: solutions/<solution_name> with ``edits`` applied (see mutant),
+    checked on ``nproc`` ranks (None: the check's own world sizes). The test receives its CheckReport as the
+    ``report`` fixture; tests/conftest.py checks the versions of a module ahead, two at a time."""
+    def declare(test):
+        test.wrong_version = (solution_name, edits, nproc)
+        return test
+    return declare

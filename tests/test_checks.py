@@ -7,7 +7,7 @@ from ddpcourse.checks import CACHE_ENV, check_lab
 from ddpcourse.makelabs import make_lab
 from ddpcourse.paths import COURSE_ROOT, lab_files
 from ddpcourse.todos import reveal_hint, solution_regions, todo_line
-from helpers import detail, mutant
+from helpers import detail, wrong_version
 
 SOLUTIONS = lab_files(COURSE_ROOT / "solutions")
 
@@ -79,12 +79,12 @@ def test_a_value_the_lab_did_not_report_is_a_fail_naming_it(tmp_path, monkeypatc
     assert "'mean_loss'" in failure.detail and "[0]" in failure.detail
 
 
-def test_lab00_sum_instead_of_mean_sum_instead_of_max_and_wrong_gather_order(tmp_path):
-    path = mutant(tmp_path, "00_first_collectives.py",
-                  ("return total / world_size", "return total"),
-                  ("op=dist.ReduceOp.MAX", "op=dist.ReduceOp.SUM"),
-                  ("return torch.stack(parts)", "return torch.stack(parts[::-1])"))
-    report = check_lab(path, quiet=True)  # the lab's own world sizes, 1, 2, 3: it stops at the first failing one
+@wrong_version("00_first_collectives.py",
+               ("return total / world_size", "return total"),
+               ("op=dist.ReduceOp.MAX", "op=dist.ReduceOp.SUM"),
+               ("return torch.stack(parts)", "return torch.stack(parts[::-1])"), nproc=None)
+def test_lab00_sum_instead_of_mean_sum_instead_of_max_and_wrong_gather_order(report):
+    # the lab's own world sizes, 1, 2, 3: it stops at the first failing one
     assert not report.passed
     # with one rank a sum, a max and a one-element gather are all right: only more ranks reveal the mistakes
     assert [c.passed for c in report.results if c.name.startswith("nproc=1")] == [True] * 4
@@ -98,11 +98,10 @@ def test_lab00_sum_instead_of_mean_sum_instead_of_max_and_wrong_gather_order(tmp
     assert detail(report, "nproc=2: each rank's own values").passed  # told apart from the mistakes above
 
 
-def test_lab00_result_on_rank0_only_and_in_place_reduction(tmp_path):
-    path = mutant(tmp_path, "00_first_collectives.py",
-                  ("dist.all_reduce(total, op=dist.ReduceOp.SUM)", "dist.reduce(total, dst=0, op=dist.ReduceOp.SUM)"),
-                  ("largest = value.clone()", "largest = value"))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version("00_first_collectives.py",
+               ("dist.all_reduce(total, op=dist.ReduceOp.SUM)", "dist.reduce(total, dst=0, op=dist.ReduceOp.SUM)"),
+               ("largest = value.clone()", "largest = value"), nproc=2)
+def test_lab00_result_on_rank0_only_and_in_place_reduction(report):
     mean = detail(report, "mean_loss")
     assert not mean.passed and "reached rank 0 only" in mean.detail and "rank 1" in mean.detail
     assert "rank 0:" not in mean.detail  # rank 0 itself is right

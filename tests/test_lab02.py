@@ -3,8 +3,7 @@
 Each mutant combines mistakes that different checks catch, so two launches cover the four mistakes the
 issue lists (parameters only, broadcast_object_list, a fixed source rank, unsharded data) and one more
 (a sampler seeded per rank)."""
-from ddpcourse.checks import check_lab
-from helpers import detail, mutant
+from helpers import detail, wrong_version
 
 LAB = "02_initialization_and_broadcast.py"
 LOOP = ("        for tensor in list(module.parameters()) + list(module.buffers()):\n"
@@ -12,12 +11,11 @@ LOOP = ("        for tensor in list(module.parameters()) + list(module.buffers()
 SAMPLER = "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)"
 
 
-def test_lab02_parameters_only_fixed_source_rank_and_unsharded_data(tmp_path):
-    path = mutant(tmp_path, LAB,
-                  (LOOP, LOOP.replace("list(module.parameters()) + list(module.buffers())", "module.parameters()")),
-                  ("dist.broadcast(tensor, src=src)", "dist.broadcast(tensor, src=0)"),
-                  (SAMPLER, "sampler = None"))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version(LAB,
+               (LOOP, LOOP.replace("list(module.parameters()) + list(module.buffers())", "module.parameters()")),
+               ("dist.broadcast(tensor, src=src)", "dist.broadcast(tensor, src=0)"),
+               (SAMPLER, "sampler = None"), nproc=2)
+def test_lab02_parameters_only_fixed_source_rank_and_unsharded_data(report):
     values = detail(report, "src's parameters")
     assert not values.passed and "every rank holds rank 0's parameters, not rank 1's" in values.detail
     assert "pass src to dist.broadcast" in values.detail and "src=0:" not in values.detail  # src=0 was right
@@ -31,12 +29,11 @@ def test_lab02_parameters_only_fixed_source_rank_and_unsharded_data(tmp_path):
     assert detail(report, "after DDP training").passed  # DDP keeps them in sync: only the data is wrong
 
 
-def test_lab02_broadcast_object_list_and_sampler_seeded_per_rank(tmp_path):
-    path = mutant(tmp_path, LAB,
-                  (LOOP, "        tensors = [t.data for t in list(module.parameters()) + list(module.buffers())]\n"
-                         "        dist.broadcast_object_list(tensors, src=src)"),
-                  (SAMPLER, SAMPLER.replace("seed=SEED", "seed=SEED + rank")))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version(LAB,
+               (LOOP, "        tensors = [t.data for t in list(module.parameters()) + list(module.buffers())]\n"
+                      "        dist.broadcast_object_list(tensors, src=src)"),
+               (SAMPLER, SAMPLER.replace("seed=SEED", "seed=SEED + rank")), nproc=2)
+def test_lab02_broadcast_object_list_and_sampler_seeded_per_rank(report):
     values = detail(report, "src's parameters")
     assert not values.passed and "still hold their own initial parameters" in values.detail
     assert "broadcast_object_list" in values.detail and "NEW tensors" in values.detail

@@ -4,9 +4,8 @@ Each mutant combines mistakes that different checks catch, so two launches cover
 """
 import re
 
-from ddpcourse.checks import check_lab
 from ddpcourse.paths import COURSE_ROOT
-from helpers import detail, mutant
+from helpers import detail, wrong_version
 
 LAB = "04_local_sgd.py"
 
@@ -18,11 +17,10 @@ def averaging_steps():
     return [step for step in range(1, steps + 1) if step % every == 0]
 
 
-def test_lab04_sum_without_division_and_averaging_every_step(tmp_path):
-    path = mutant(tmp_path, LAB,
-                  ("                tensor /= world_size", "                tensor *= 1  # the sum stays"),
-                  ("if step % every == 0:", "if True:  # every step"))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version(LAB,
+               ("                tensor /= world_size", "                tensor *= 1  # the sum stays"),
+               ("if step % every == 0:", "if True:  # every step"), nproc=2)
+def test_lab04_sum_without_division_and_averaging_every_step(report):
     assert not report.passed
     params = detail(report, "every parameter is averaged")
     assert not params.passed and "SUM over ranks" in params.detail and "divide by the world size" in params.detail
@@ -35,11 +33,10 @@ def test_lab04_sum_without_division_and_averaging_every_step(tmp_path):
     assert not detail(report, "PeriodicModelAverager").passed
 
 
-def test_lab04_some_parameters_only_buffers_forgotten_and_no_return_false(tmp_path):
-    path = mutant(tmp_path, LAB,
-                  ("list(model.parameters()) + list(model.buffers())", "list(model.parameters())[:2]"),
-                  ("    return False\n    ### END SOLUTION", "    ### END SOLUTION"))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version(LAB,
+               ("list(model.parameters()) + list(model.buffers())", "list(model.parameters())[:2]"),
+               ("    return False\n    ### END SOLUTION", "    ### END SOLUTION"), nproc=2)
+def test_lab04_some_parameters_only_buffers_forgotten_and_no_return_false(report):
     params = detail(report, "every parameter is averaged")
     assert not params.passed and "not only some of them" in params.detail
     assert "fc2.weight" in params.detail and "fc1.weight" not in params.detail  # names what was left out

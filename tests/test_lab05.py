@@ -1,6 +1,5 @@
 """Lab 05's check against realistic wrong trainers: each must fail with the message naming its mistake."""
-from ddpcourse.checks import check_lab
-from helpers import detail, mutant
+from helpers import detail, wrong_version
 
 LAB = "05_resilient_trainer.py"
 
@@ -9,13 +8,12 @@ SAVE = """        with open(temporary, "wb") as file:
             torch.save(state, file)"""
 
 
-def test_missing_set_epoch_resume_from_step_0_and_checkpoint_written_in_place(tmp_path):
-    path = mutant(tmp_path, LAB,
-                  ("    sampler.set_epoch(epoch)  #", "    pass  #"),
-                  ("    if not os.path.exists(path):\n        return 0", "    if True:\n        return 0"),
-                  (SAVE, SAVE.replace("open(temporary,", "open(path,")),
-                  ("        os.replace(temporary, path)", "        pass"))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version(LAB,
+               ("    sampler.set_epoch(epoch)  #", "    pass  #"),
+               ("    if not os.path.exists(path):\n        return 0", "    if True:\n        return 0"),
+               (SAVE, SAVE.replace("open(temporary,", "open(path,")),
+               ("        os.replace(temporary, path)", "        pass"), nproc=2)
+def test_missing_set_epoch_resume_from_step_0_and_checkpoint_written_in_place(report):
     atomic = detail(report, "writes atomically")
     assert not atomic.passed and "torch.save wrote checkpoint.pt itself" in atomic.detail
     assert "os.replace(temporary, path)" in atomic.detail
@@ -28,13 +26,12 @@ def test_missing_set_epoch_resume_from_step_0_and_checkpoint_written_in_place(tm
     assert detail(report, "every sample is seen once").passed
 
 
-def test_no_fsync_no_barrier_and_model_loaded_on_rank_0_only(tmp_path):
-    path = mutant(tmp_path, LAB,
-                  ("            os.fsync(file.fileno())", "            pass"),
-                  ("    dist.barrier()  #", "    pass  #"),
-                  ('    model.module.load_state_dict(state["model"])',
-                   '    if dist.get_rank() == 0:\n        model.module.load_state_dict(state["model"])'))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version(LAB,
+               ("            os.fsync(file.fileno())", "            pass"),
+               ("    dist.barrier()  #", "    pass  #"),
+               ('    model.module.load_state_dict(state["model"])',
+                '    if dist.get_rank() == 0:\n        model.module.load_state_dict(state["model"])'), nproc=2)
+def test_no_fsync_no_barrier_and_model_loaded_on_rank_0_only(report):
     atomic = detail(report, "writes atomically")
     assert not atomic.passed and "renamed onto checkpoint.pt without os.fsync" in atomic.detail
     waits = detail(report, "only once the checkpoint is written")
@@ -46,9 +43,8 @@ def test_no_fsync_no_barrier_and_model_loaded_on_rank_0_only(tmp_path):
     assert detail(report, "resumed from the last checkpoint").passed
 
 
-def test_every_rank_writing_the_checkpoint(tmp_path):
-    path = mutant(tmp_path, LAB, ("    if rank == 0:  # the replicas are identical", "    if True:  # the replicas are identical"))
-    report = check_lab(path, nproc=2, quiet=True)
+@wrong_version(LAB, ("    if rank == 0:  # the replicas are identical", "    if True:  # the replicas are identical"), nproc=2)
+def test_every_rank_writing_the_checkpoint(report):
     assert not report.passed
     # two writers race on one file: the run may even crash; either way the check names the writers
     assert any("ranks [0, 1] wrote into the checkpoint folder" in c.detail for c in report.failures)
