@@ -20,7 +20,9 @@ os.environ["DDPCOURSE_CHECK_CACHE"] = tempfile.mkdtemp(prefix="ddpcourse-check-c
 collect_ignore = ["clean"]
 
 SOLUTION_CHECK = "test_solution_passes_its_check"
-_verdicts_in_background = []  # the process computing the solutions' verdicts, once started
+_background_check = []  # the check process now computing a solution's verdict (see below)
+_session_over = threading.Event()
+_starting = threading.Lock()  # no check starts once the session is over
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -42,17 +44,21 @@ def pytest_collection_modifyitems(session, config, items):
 
     def check_every_solution():
         for solution in solutions:  # notebook order: the order the suite needs them in
-            process = subprocess.Popen([sys.executable, "-m", "ddpcourse", "check", str(solution)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            _verdicts_in_background[:] = [process]
-            if process.wait() < 0:  # ended by a signal: the session is over
-                return
+            with _starting:
+                if _session_over.is_set():
+                    return
+                process = subprocess.Popen([sys.executable, "-m", "ddpcourse", "check", str(solution)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                _background_check[:] = [process]
+            process.wait()
 
     threading.Thread(target=check_every_solution, name="solution-verdicts", daemon=True).start()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    for process in _verdicts_in_background:  # still running only if the session stopped early (-x, Ctrl-C)
+    with _starting:
+        _session_over.set()
+    for process in _background_check:  # still running only if the session stopped early (-x, Ctrl-C)
         if process.poll() is None:
             process.send_signal(signal.SIGINT)  # the launcher then ends its run's processes
             try:

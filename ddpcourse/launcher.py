@@ -182,7 +182,10 @@ def forks_ranks(torchrun_args=()):
     and not when torchrun may restart the ranks: measured here, ranks forked for a restart that skipped the last
     ``dist.barrier()`` deadlocked at exit in 3 of 16 runs (the main thread, holding the GIL, destroys the gloo
     group and joins its worker thread, which waits for the GIL to free a work item), against 0 of 16 forked
-    without a restart and 0 of 22 fresh interpreters with one; the cause inside torch is not found."""
+    without a restart and 0 of 22 fresh interpreters with one. It is the deadlock class of pytorch issue 56297
+    (https://github.com/pytorch/pytorch/issues/56297: ~ProcessGroupGloo blocks while the GIL is held); what makes
+    a restart hit it is not found. For the same reason the agent does not import torch._dynamo before forking
+    (DDP's constructor imports it, 1.2 s a rank): that saved 40% of the CPU, but 2 of 12 runs of solutions/02 hung."""
     if not sys.platform.startswith("linux") or os.environ.get(FORK_RANKS_ENV, "1") == "0":
         return False
     return _max_restarts(torchrun_args) == 0
