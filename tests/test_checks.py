@@ -166,3 +166,40 @@ def test_a_verdict_another_process_is_computing_is_awaited_and_a_dead_claim_is_v
     start = time.monotonic()
     assert _cached(lab, module, 3, wait=True) is None  # nothing to wait for: this process checks it itself
     assert time.monotonic() - start < 1.0
+
+
+def test_check_lab_runs_in_threads_one_judgement_at_a_time(monkeypatch):
+    """The tests check wrong versions two at a time in threads (tests/conftest.py); the checks recompute
+    expected values with torch's global RNG (toy.build_model seeds it), so two judgements must not interleave."""
+    import threading
+    import time
+
+    import torch
+
+    from ddpcourse.checks import Check
+    from ddpcourse.checks import lab00 as module
+    from ddpcourse.launcher import RunResult
+
+    def launched(path, nproc, **kwargs):
+        return RunResult(file=str(path), nproc=nproc, returncode=0, duration=1.0, launched=True)
+
+    torch.manual_seed(1)
+    expected = torch.rand(2).tolist()
+
+    def seeded_draws(run):
+        torch.manual_seed(1)
+        first = torch.rand(1).item()
+        time.sleep(0.2)  # the other thread's judgement would reseed the RNG and draw here
+        return [Check("the draws of seed 1", [first, torch.rand(1).item()] == expected)]
+
+    monkeypatch.setattr("ddpcourse.checks.launch", launched)
+    monkeypatch.setattr(module, "checks", seeded_draws)
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    reports = []
+    threads = [threading.Thread(target=lambda: reports.append(check_lab(SOLUTIONS[0], nproc=2, quiet=True)))
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [report.passed for report in reports] == [True, True]

@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,10 @@ from ddpcourse.todos import todo_status
 # verdicts in a background process, see conftest.py).
 CACHE_ENV = "DDPCOURSE_CHECK_CACHE"
 CLAIM_WAIT = 600.0  # seconds to wait for another process's verdict at most (it has its own timeouts)
+# The checks recompute expected values in this process with torch's global RNG (ddpcourse.toy.build_model seeds
+# it): one judgement at a time, so that check_lab may run in threads (the tests check wrong versions two at a time)
+# while the launches, the slow part, overlap.
+_JUDGING = threading.Lock()
 
 
 @dataclass
@@ -169,11 +174,13 @@ def _check_world_size(path, module, size, timeout):
             results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
             if not result.ok:
                 label = f" ({name} run)" if name else ""
-                extra = module.explain_failure(result) if hasattr(module, "explain_failure") else ""
+                with _JUDGING:
+                    extra = module.explain_failure(result) if hasattr(module, "explain_failure") else ""
                 detail = result.message + (f"\n      {extra}" if extra else "")
                 return [Check(f"nproc={size}: the lab runs to the end{label}", False, detail, size, result.failure)]
         try:
-            outcome = module.checks(results if hasattr(module, "runs") else results[""])
+            with _JUDGING:
+                outcome = module.checks(results if hasattr(module, "runs") else results[""])
         except KeyError as missing:  # RunResult.values: a rank never reported a value the check reads
             return [Check(f"nproc={size}: the lab reports every value its check reads", False,
                           f"{missing.args[0] if missing.args else missing}: is its report(...) call still there?", size)]
