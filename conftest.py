@@ -27,7 +27,7 @@ _starting = threading.Lock()  # no check starts once the session is over
 
 def pytest_collection_modifyitems(session, config, items):
     """When the session checks every solution, a background process computes those verdicts (into the check
-    cache) while the other tests run, and the solution tests come last among tests/, where they find them.
+    cache) while the other tests run, and the tests that need them come later, where they find them.
 
     Why: one launch keeps about one of this machine's two cores busy (interpreters importing torch one after
     the other), so two at once take little more time than one. Every verdict is still computed in this session
@@ -36,11 +36,9 @@ def pytest_collection_modifyitems(session, config, items):
 
     solutions = lab_files(COURSE_ROOT / "solutions")
     checks = [item for item in items if getattr(item, "originalname", "") == SOLUTION_CHECK]
-    if len(checks) < len(solutions):  # a selection: check what was asked for, in its place
+    if len(checks) < len(solutions) or config.option.collectonly:  # a selection: check it in its place
         return
-    others = [item for item in items if item not in checks]
-    notebooks = next((i for i, item in enumerate(others) if item.path.suffix == ".ipynb"), len(others))
-    items[:] = others[:notebooks] + checks + others[notebooks:]
+    items.sort(key=_phase)  # a stable sort: each phase keeps its order
 
     def check_every_solution():
         for solution in solutions:  # notebook order: the order the suite needs them in
@@ -53,6 +51,22 @@ def pytest_collection_modifyitems(session, config, items):
             process.wait()
 
     threading.Thread(target=check_every_solution, name="solution-verdicts", daemon=True).start()
+
+
+def _phase(item):
+    """The order of a session that computes the solutions' verdicts in the background: first the tests that
+    leave a core free for it (the launcher's failure modes wait on timeouts and sleeps), then the wrong
+    versions of each lab (checked two at a time: they keep both cores busy themselves), then what reads the
+    solutions' verdicts: the learner's path, the solution tests, the notebooks' check cells."""
+    if item.path.suffix == ".ipynb":
+        return 4
+    if getattr(item, "originalname", "") == SOLUTION_CHECK:
+        return 3
+    if item.path.name == "test_learner_path.py":
+        return 2
+    if item.path.name.startswith("test_lab"):
+        return 1
+    return 0
 
 
 def pytest_sessionfinish(session, exitstatus):
