@@ -55,9 +55,9 @@ def pytest_collection_modifyitems(session, config, items):
 
 def _phase(item):
     """The order of a session that computes the solutions' verdicts in the background: first the tests that
-    leave a core free for it (the launcher's failure modes wait on timeouts and sleeps), then the wrong
-    versions of each lab (checked two at a time: they keep both cores busy themselves), then what reads the
-    solutions' verdicts: the learner's path, the solution tests, the notebooks' check cells."""
+    leave a core free for it (the launcher's failure modes wait on timeouts and sleeps), then the labs' wrong
+    versions (checked ahead in a worker process, tests/conftest.py), then what reads the solutions' verdicts:
+    the learner's path, the solution tests, the notebooks' check cells."""
     if item.path.suffix == ".ipynb":
         return 4
     if getattr(item, "originalname", "") == SOLUTION_CHECK:

@@ -40,8 +40,7 @@ from ddpcourse.todos import todo_status
 CACHE_ENV = "DDPCOURSE_CHECK_CACHE"
 CLAIM_WAIT = 600.0  # seconds to wait for another process's verdict at most (it has its own timeouts)
 # The checks recompute expected values in this process with torch's global RNG (ddpcourse.toy.build_model seeds
-# it): one judgement at a time, so that check_lab may run in threads (the tests check wrong versions two at a time)
-# while the launches, the slow part, overlap.
+# it): one judgement at a time, so that check_lab may run in threads while the launches, the slow part, overlap.
 _JUDGING = threading.Lock()
 
 
