@@ -26,13 +26,24 @@ Run it:    python -m ddpcourse run labs/06_ddp_from_the_inside.py --nproc 2
 Check it:  python -m ddpcourse check labs/06_ddp_from_the_inside.py
 """
 import contextlib
+import datetime
+import os
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-FIRST_BUCKET_MB = 1.0  # torch's DDP: dist._DEFAULT_FIRST_BUCKET_BYTES
+DEFAULT_CAP_MB = 25.0  # torch's DDP, bucket_cap_mb left at None
+FIRST_BUCKET_MB = 1.0  # torch's DDP: dist._DEFAULT_FIRST_BUCKET_BYTES, used only when bucket_cap_mb is None
+
+
+def bucket_caps(bucket_cap_mb):
+    """(first bucket's cap, every other bucket's cap) in bytes, by torch's DDP's rule: left at None, the cap
+    is 25 MiB and the first bucket closes at 1 MiB already; a cap you set applies to the first bucket too."""
+    cap = DEFAULT_CAP_MB if bucket_cap_mb is None else bucket_cap_mb
+    first = FIRST_BUCKET_MB if bucket_cap_mb is None else cap
+    return first * 2**20, cap * 2**20
 
 
 class BucketedDDP(nn.Module):
@@ -41,7 +52,7 @@ class BucketedDDP(nn.Module):
     After ``loss.backward()`` call ``finish_gradient_synchronization()``, then ``optimizer.step()``.
     """
 
-    def __init__(self, module, bucket_cap_mb=25.0, process_group=None):
+    def __init__(self, module, bucket_cap_mb=None, process_group=None):
         super().__init__()
         self.module = module
         self.process_group = process_group  # None: all ranks (as torch's DDP; the notebook uses subgroups)
@@ -52,10 +63,11 @@ class BucketedDDP(nn.Module):
                 dist.broadcast(tensor, group=process_group, group_src=0)
         # parameters() lists a weight shared by two layers once; frozen parameters get no gradient.
         params = [p for p in module.parameters() if p.requires_grad]
-        # Gradients become ready roughly in reverse registration order: fill buckets in that order. A bucket
-        # closes once it holds bucket_cap_mb, the first one at 1 MiB already (torch's DDP does both, the
-        # second with its default cap), so that the first all-reduce starts early in the backward.
-        caps = [min(FIRST_BUCKET_MB, bucket_cap_mb) * 2**20, bucket_cap_mb * 2**20]
+        # Buckets are filled once, in reverse registration order: the order in which gradients arrive when the
+        # forward runs the layers in the order they were registered. torch's DDP starts with one bucket and,
+        # after the first step, rebuilds them in the order it saw the gradients arrive: for such a model, the
+        # same buckets. A bucket closes once it holds its cap (bucket_caps).
+        caps = bucket_caps(bucket_cap_mb)
         self.buckets, size = [[]], 0
         for param in reversed(params):
             self.buckets[-1].append(param)
@@ -120,9 +132,11 @@ class BucketedDDP(nn.Module):
 STEPS = 3
 BATCH_SIZE = 8
 LEARNING_RATE = 0.05
-ONE_BUCKET_MB = 25.0            # the whole model in one bucket (torch's default cap)
-MANY_BUCKETS_MB = 256 / 2**20  # 256-byte buckets: the course model needs several
+ONE_BUCKET_MB = None            # torch's default cap: the whole course model fits in one bucket
+MANY_BUCKETS_MB = 256 / 2**20   # 256-byte buckets (the first one too): the course model needs several
+LAYOUT_CAPS_MB = [None, 2.5]    # bucket layouts of a 3 MiB model: the first bucket's cap depends on these
 MICRO_BATCHES = 3               # gradient accumulation with no_sync()
+HOLD_SECONDS = 5.0              # how long the other ranks hold back their backward for rank 0 (see below)
 
 
 class CourseNet(nn.Module):
@@ -162,52 +176,76 @@ def flat_grads(model):
 
 
 class CollectiveLog:
-    """Records, in order, when a gradient is ready and when each all_reduce starts, is waited for, ends."""
+    """What the process groups themselves saw: each group counts the collectives launched on it, whatever
+    function launched them. A hook registered before the wrapper's notes that count as each gradient is
+    ready, so the log tells how many collectives had been launched by then, on the given group and on the
+    default one."""
 
-    def __init__(self):
-        self.events, self.recording = [], False
-        self._all_reduce = dist.all_reduce
-        dist.all_reduce = self._logged_all_reduce  # the lab calls dist.all_reduce: it calls this
+    def __init__(self, group):
+        self.group, self.default = group, dist.group.WORLD
+        self.hold = None  # set by hold_back(): this rank's wait at its first gradient
 
-    def _logged_all_reduce(self, tensor, *args, **kwargs):
-        if not self.recording:
-            return self._all_reduce(tensor, *args, **kwargs)
-        call = sum(e[0] == "launch" for e in self.events)
-        self.events.append(("launch", call, tensor.numel()))
-        work = self._all_reduce(tensor, *args, **kwargs)
-        if work is None:  # async_op=False: it returned finished
-            self.events.append(("done", call, 0))
-            return None
-        log = self
-
-        class LoggedWork:
-            def wait(self, *a, **k):
-                result = work.wait(*a, **k)
-                log.events.append(("done", call, 0))
-                return result
-
-            def __getattr__(self, name):
-                return getattr(work, name)
-
-        return LoggedWork()
+    def launched(self):
+        return [self.group._get_sequence_number_for_group(), self.default._get_sequence_number_for_group()]
 
     def watch(self, model):
-        """Log each gradient as it is ready: hooks registered before the wrapper's, so they run first."""
+        """Note the counts as each gradient is ready (hooks registered before the wrapper's run first)."""
+        self.step = None
         for name, param in model.named_parameters():
             if param.requires_grad:
-                param.register_post_accumulate_grad_hook(
-                    lambda p, name=name: self.recording and self.events.append(("grad", name, 0)))
+                param.register_post_accumulate_grad_hook(lambda p, name=name: self._grad(name))
+
+    def start(self, trainable):
+        self.step = {"grads": [], "start": self.launched(), "trainable": trainable}
+
+    def note(self, moment):
+        self.step[moment] = self.launched()
 
     def take(self):
-        events, self.events = self.events, []
-        return events
+        step, self.step = self.step, None
+        return step
+
+    def _grad(self, name):
+        if self.step is None:
+            return
+        self.step["grads"].append([name, *self.launched()])
+        if self.hold is not None:
+            self.hold(len(self.step["grads"]), self.step["trainable"])
 
 
-def layout(model):
+def hold_back(log, store, scenario, world_size):
+    """A collective that can only finish after rank 0's last gradient exists. Every other rank waits, at its
+    first gradient of each step (before its wrapper's hook runs, so before it launches anything), until rank 0
+    has produced its last gradient. Rank 0's first all-reduce cannot finish before the others join it: if rank
+    0 waits for it anywhere inside the backward, whatever the route, its last gradient never comes and the
+    wait times out. Recorded per step: "released" or "timed out"."""
+    rank, steps = dist.get_rank(), [0]
+    log.outcomes = []
+
+    def hold(count, trainable):
+        key = f"{scenario}/{steps[0]}"
+        if rank == 0 and count == trainable:  # rank 0's last gradient of this step
+            store.set(key, "rank 0 has all its gradients")
+            steps[0] += 1
+        elif rank > 0 and count == 1:
+            if not log.outcomes or log.outcomes[-1] == "released":
+                try:
+                    store.wait([key], datetime.timedelta(seconds=HOLD_SECONDS))
+                    log.outcomes.append("released")
+                except dist.DistStoreError:
+                    log.outcomes.append("timed out")  # hold no further steps: the evidence is in
+            steps[0] += 1
+
+    log.hold = hold if world_size > 1 else None
+
+
+def layout(model, buckets=None):
+    names = {id(p): n for n, p in model.named_parameters()}
     return {"trainable": [(n, p.numel(), p.element_size()) for n, p in model.named_parameters() if p.requires_grad],
             "frozen": [n for n, p in model.named_parameters() if not p.requires_grad],
             "state": [(n, t.numel()) for n, t in [*model.named_parameters(), *model.named_buffers()]],
-            "tied": tied_names(model)}
+            "tied": tied_names(model),
+            "buckets": [[names[id(p)] for p in bucket] for bucket in buckets or []]}
 
 
 def tied_names(model):
@@ -220,28 +258,30 @@ def tied_names(model):
     return tied
 
 
-def train_against_torch(rank, world_size, log, bucket_cap_mb):
+def train_against_torch(rank, world_size, log, group, bucket_cap_mb):
     """STEPS steps of BucketedDDP, then of torch's DDP, from the same start on the same data."""
     model = build(rank)
     log.watch(model)
-    ours = BucketedDDP(model, bucket_cap_mb=bucket_cap_mb)
+    ours = BucketedDDP(model, bucket_cap_mb=bucket_cap_mb, process_group=group)
     after_wrap = flat_state(model)
     frozen_at_start = model.frozen.weight.detach().clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
+    trainable = sum(p.requires_grad for p in model.parameters())
     events, first_grads = [], {}
     for step in range(STEPS):
         x, y = batch(step, rank)
         optimizer.zero_grad()
-        log.recording = True
-        F.mse_loss(ours(x), y).backward()
-        log.events.append(("backward returned", -1, 0))
+        loss = F.mse_loss(ours(x), y)
+        log.start(trainable)
+        loss.backward()
+        log.note("backward returned")
         ours.finish_gradient_synchronization()
-        log.recording = False
+        log.note("finished")
         events.append(log.take())
         first_grads.setdefault("ours", flat_grads(model))
         optimizer.step()
 
-    theirs = nn.parallel.DistributedDataParallel(build(rank), bucket_cap_mb=bucket_cap_mb)
+    theirs = nn.parallel.DistributedDataParallel(build(rank), bucket_cap_mb=bucket_cap_mb, process_group=group)
     optimizer = torch.optim.SGD(theirs.parameters(), lr=LEARNING_RATE)
     for step in range(STEPS):
         x, y = batch(step, rank)
@@ -250,52 +290,65 @@ def train_against_torch(rank, world_size, log, bucket_cap_mb):
         first_grads.setdefault("torch", flat_grads(theirs.module))
         optimizer.step()
     return {"after_wrap": after_wrap, "ours": flat_state(model), "torch": flat_state(theirs.module),
-            "first_grads": first_grads, "events": events, "layout": layout(model), "cap_mb": bucket_cap_mb,
-            "frozen_grad_is_none": model.frozen.weight.grad is None,
+            "first_grads": first_grads, "events": events, "layout": layout(model, ours.buckets),
+            "cap_mb": bucket_cap_mb, "frozen_grad_is_none": model.frozen.weight.grad is None,
             "frozen_unchanged": bool(torch.equal(model.frozen.weight, frozen_at_start))}
 
 
-def accumulate_against_large_batch(rank, world_size, log):
+def bucket_layouts(group):
+    """The buckets BucketedDDP builds for a 3 MiB model (three Linear(512, 512)) with each cap of LAYOUT_CAPS_MB."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 512), nn.Linear(512, 512))
+    return [layout(model, BucketedDDP(model, bucket_cap_mb=cap, process_group=group).buckets) | {"cap_mb": cap}
+            for cap in LAYOUT_CAPS_MB]
+
+
+def accumulate_against_large_batch(rank, world_size, log, group):
     """MICRO_BATCHES backward passes (all but the last in no_sync()), one step; vs one step on all the data."""
     model = build(rank, batchnorm=False)
-    ours = BucketedDDP(model, bucket_cap_mb=MANY_BUCKETS_MB)
+    ours = BucketedDDP(model, bucket_cap_mb=MANY_BUCKETS_MB, process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    calls_inside = 0
+    before = log.launched()
     for micro in range(MICRO_BATCHES):
         x, y = batch(0, rank, micro)
-        log.recording = True
-        context = ours.no_sync() if micro < MICRO_BATCHES - 1 else contextlib.nullcontext()
-        with context:
-            (F.mse_loss(ours(x), y) / MICRO_BATCHES).backward()
         if micro < MICRO_BATCHES - 1:
-            calls_inside += sum(e[0] == "launch" for e in log.events)
+            with ours.no_sync():
+                (F.mse_loss(ours(x), y) / MICRO_BATCHES).backward()
+            inside = [now - then for now, then in zip(log.launched(), before)]
         else:
+            (F.mse_loss(ours(x), y) / MICRO_BATCHES).backward()
             ours.finish_gradient_synchronization()
-        log.recording = False
-        log.take()
     optimizer.step()
     # The reference: rank 0's start, one process, one step on every rank's micro-batches at once.
     reference = build(0, batchnorm=False)
     xs, ys = zip(*[batch(0, r, m) for r in range(world_size) for m in range(MICRO_BATCHES)])
     F.mse_loss(reference(torch.cat(xs)), torch.cat(ys)).backward()
     torch.optim.SGD(reference.parameters(), lr=LEARNING_RATE).step()
-    return {"ours": flat_state(model), "large_batch": flat_state(reference), "calls_inside_no_sync": calls_inside}
+    return {"ours": flat_state(model), "large_batch": flat_state(reference), "calls_inside_no_sync": sum(inside)}
 
 
 def main():
     from ddpcourse import init_distributed, report
 
     rank, world_size, _ = init_distributed()  # the models stay on the CPU (gloo), also on a GPU machine
-    log = CollectiveLog()
-    results = {"one_bucket": train_against_torch(rank, world_size, log, ONE_BUCKET_MB),
-               "many_buckets": train_against_torch(rank, world_size, log, MANY_BUCKETS_MB)}
-    accumulation = accumulate_against_large_batch(rank, world_size, log)
+    # A group of every rank, not the default one: the wrapper must reduce over the process_group it is given.
+    group = dist.new_group(list(range(world_size)))
+    log = CollectiveLog(group)
+    results = {"one_bucket": train_against_torch(rank, world_size, log, group, ONE_BUCKET_MB)}
+    if world_size > 1:  # torchrun's store, which every rank reaches
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+        hold_back(log, dist.PrefixStore("lab06-hold", store), "many_buckets", world_size)
+    results["many_buckets"] = train_against_torch(rank, world_size, log, group, MANY_BUCKETS_MB)
+    holds = getattr(log, "outcomes", [])
+    log.hold = None
+    accumulation = accumulate_against_large_batch(rank, world_size, log, group)
     for name, result in results.items():
         diff = max(abs(a - b) for a, b in zip(result["ours"], result["torch"]))
-        calls = [sum(e[0] == "launch" for e in step) for step in result["events"]]
-        print(f"{name}: all_reduce calls per step {calls}, max |ours - torch's DDP| after {STEPS} steps {diff:.2g}")
-    report(scenarios=results, accumulation=accumulation,
-           config={"steps": STEPS, "micro_batches": MICRO_BATCHES, "caps": [ONE_BUCKET_MB, MANY_BUCKETS_MB]})
+        calls = [step["finished"][0] - step["start"][0] for step in result["events"]]
+        print(f"{name}: collectives per step {calls}, max |ours - torch's DDP| after {STEPS} steps {diff:.2g}")
+    report(scenarios=results, accumulation=accumulation, holds=holds, layouts=bucket_layouts(group),
+           config={"steps": STEPS, "micro_batches": MICRO_BATCHES, "caps": [ONE_BUCKET_MB, MANY_BUCKETS_MB],
+                   "layout_caps": LAYOUT_CAPS_MB, "hold_seconds": HOLD_SECONDS})
     dist.destroy_process_group()
 
 

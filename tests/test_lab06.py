@@ -2,11 +2,16 @@
 
 Mutants whose mistakes different checks catch share a launch; the two that crash run on one rank.
 Dividing twice is told apart by the same check as no division (1/N instead of N times torch's gradient).
+Blocking inside the backward is caught whatever the route (Work.wait, its future, polling): the evidence is
+a collective that cannot finish before rank 0's last gradient, not a wrapper the lab could step around.
 """
 from helpers import detail, wrong_version
 
 LAB = "06_ddp_from_the_inside.py"
 LAUNCH = "        self.works[i] = dist.all_reduce(self.flat[i], group=self.process_group, async_op=True)\n"
+FIRST_CAP = "    first = FIRST_BUCKET_MB if bucket_cap_mb is None else cap\n"
+READY = "        if self.pending[i] == 0:\n            self._launch_bucket(i)\n"
+FINISH = "        for i, bucket in enumerate(self.buckets):\n            self.works[i].wait()\n"
 DIVIDE = "            self.flat[i] /= self.world_size\n"
 
 
@@ -48,10 +53,43 @@ def test_lab06_tied_weight_counted_twice(report):
     # a crash: one rank shows it
     (failure,) = report.failures
     assert "the lab runs to the end" in failure.name
-    assert "a bucket was never all-reduced" in failure.detail and "tied" in failure.detail
+    assert "never launched" in failure.detail and "tied" in failure.detail
 
 
 @wrong_version(LAB, ("if self.pending[i] == 0:", "if self.pending[i] == 1:  # one early"), nproc=1)
 def test_lab06_bucket_launched_before_its_gradients_are_ready(report):
     (failure,) = report.failures
     assert "launched before all its gradients were ready" in failure.detail
+
+
+@wrong_version(LAB, (LAUNCH, LAUNCH + "        self.works[i].get_future().wait()  # blocks through the future\n"),
+               (FIRST_CAP, "    first = min(FIRST_BUCKET_MB, cap)  # the first bucket always at most 1 MiB\n"), nproc=2)
+def test_lab06_waiting_through_the_future_and_the_first_bucket_always_small(report):
+    overlap = detail(report, "communication overlaps the backward")
+    assert not overlap.passed and "never produced its last gradient" in overlap.detail
+    assert "waiting inside the hook" in overlap.detail
+    buckets = detail(report, "buckets laid out as torch's DDP")
+    assert not buckets.passed and "bucket_cap_mb=2.5" in buckets.detail
+    assert detail(report, "one all_reduce per bucket").passed  # the calls themselves are right
+    assert detail(report, "equal torch's DDP after 3 steps (256-byte buckets)").passed
+
+
+@wrong_version(LAB, (LAUNCH, LAUNCH.replace("group=self.process_group, ", "")
+                     + "        while not self.works[i].is_completed():  # polls until it is done\n"
+                       "            pass\n"), nproc=2)
+def test_lab06_polling_inside_the_hook_on_the_default_group(report):
+    calls = detail(report, "one all_reduce per bucket")
+    assert not calls.passed and "on the default group" in calls.detail and "self.process_group" in calls.detail
+    overlap = detail(report, "communication overlaps the backward")
+    assert not overlap.passed and "never produced its last gradient" in overlap.detail
+    assert detail(report, "equal torch's DDP after 3 steps (one bucket)").passed  # same ranks: same sums
+
+
+@wrong_version(LAB, (READY, "        if self.pending[i] == 0:\n            pass  # launched later\n"),
+               (FINISH, "        for i, bucket in enumerate(self.buckets):\n            self._launch_bucket(i)\n"
+                        "            self.works[i].wait()\n"), nproc=2)
+def test_lab06_every_bucket_launched_after_the_backward(report):
+    overlap = detail(report, "communication overlaps the backward")
+    assert not overlap.passed and "every all_reduce started after the backward" in overlap.detail
+    assert detail(report, "one all_reduce per bucket").passed
+    assert detail(report, "equal torch's DDP after 3 steps (256-byte buckets)").passed

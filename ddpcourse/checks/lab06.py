@@ -1,10 +1,13 @@
 """Checks for lab 06 (BucketedDDP): equal to torch's DDP, replicas identical, frozen parameters untouched,
-one all-reduce per bucket per step, communication overlapping the backward, no_sync() accumulation.
+buckets laid out as torch's DDP lays them out, one all-reduce per bucket per step on the process group given,
+communication overlapping the backward, no_sync() accumulation.
 
 One launch per world size: the lab's harness trains the course model (frozen layer, tied weight, BatchNorm)
-with one bucket and with several, against torch's DDP on the same data, and logs in order when each
-gradient is ready and when each all-reduce starts and ends. The expected buckets are computed here from
-the reported parameter sizes and the cap, independently of the lab.
+with one bucket and with several, against torch's DDP on the same data. The evidence of communication comes
+from the process groups themselves (each counts the collectives launched on it, by whatever route), noted as
+each gradient becomes ready; the evidence of overlap from a collective that cannot finish before rank 0's last
+gradient exists (the harness's hold_back). The expected buckets are computed here from the reported parameter
+sizes and the cap, independently of the lab.
 """
 import math
 
@@ -12,14 +15,18 @@ from ddpcourse.checks import ROUNDING, Check, agree
 from ddpcourse.diagnosis import EXCEPTION_KIND
 
 NPROCS = (1, 2, 3)
-CONFIG = {"steps": 3, "micro_batches": 3, "caps": [25.0, 256 / 2**20]}
+CONFIG = {"steps": 3, "micro_batches": 3, "caps": [None, 256 / 2**20], "layout_caps": [None, 2.5],
+          "hold_seconds": 5.0}
 LABELS = {"one_bucket": "one bucket", "many_buckets": "256-byte buckets"}
+DEFAULT_CAP_MB, FIRST_BUCKET_MB = 25.0, 1.0  # torch's DDP: bucket_cap_mb=None, dist._DEFAULT_FIRST_BUCKET_BYTES
 
 
-def expected_buckets(layout, cap_mb, first_cap_mb=1.0):
-    """Trainable parameters in reverse registration order, a bucket closed once it holds its cap (the
-    first one's is at most 1 MiB), as torch's DDP assigns them."""
-    caps = [min(first_cap_mb, cap_mb) * 2**20, cap_mb * 2**20]
+def expected_buckets(layout, cap_mb):
+    """Trainable parameters in reverse registration order, a bucket closed once it holds its cap, as torch's
+    DDP's rebuilt buckets for a model that runs its layers in registration order: the first bucket's cap is
+    1 MiB when cap_mb is None (the default: 25 MiB for the others), else cap_mb like every other bucket."""
+    cap = (DEFAULT_CAP_MB if cap_mb is None else cap_mb) * 2**20
+    caps = [FIRST_BUCKET_MB * 2**20 if cap_mb is None else cap, cap]
     buckets, size = [[]], 0
     for name, numel, element_size in reversed(layout["trainable"]):
         buckets[-1].append(name)
@@ -28,6 +35,24 @@ def expected_buckets(layout, cap_mb, first_cap_mb=1.0):
             buckets.append([])
             size = 0
     return [bucket for bucket in buckets if bucket]
+
+
+def _cap_label(cap_mb):
+    return "bucket_cap_mb=None (default)" if cap_mb is None else f"bucket_cap_mb={cap_mb:g}"
+
+
+def _layout_check(scenarios, layouts):
+    """The buckets the lab built, parameter by parameter, against torch's rule."""
+    problems = []
+    cases = [(LABELS[name], s["layout"], s["cap_mb"]) for name, s in scenarios.items()]
+    cases += [(f"3 x Linear(512, 512), {_cap_label(l['cap_mb'])}", l, l["cap_mb"]) for l in layouts]
+    for label, layout, cap_mb in cases:
+        expected = expected_buckets(layout, cap_mb)
+        if layout["buckets"] != expected:
+            problems.append(f"{label}: buckets {layout['buckets']}, expected {expected} (reverse registration "
+                            f"order; the first bucket closes at 1 MiB only when bucket_cap_mb is None)")
+    return Check("buckets laid out as torch's DDP lays them out (which parameters, in which order)", not problems,
+                 "\n      ".join(problems[:2]))
 
 
 def _shared_with(layout):
@@ -81,61 +106,70 @@ def _equality_check(name, scenario, world):
                  not off, detail)
 
 
-def _steps_calls(scenario):
-    return [[e for e in step if e[0] == "launch"] for step in scenario["events"]]
-
-
 def _calls_check(scenarios):
+    """Collectives launched on the given group between the forward and the end of the finish, per step."""
     problems, counts = [], []
     for name, scenario in scenarios.items():
-        layout = scenario["layout"]
-        buckets = len(expected_buckets(layout, scenario["cap_mb"]))
-        elements = sum(numel for _, numel, _ in layout["trainable"])
+        buckets = len(expected_buckets(scenario["layout"], scenario["cap_mb"]))
         counts.append(f"{buckets} with {LABELS[name]}")
-        for step, launches in enumerate(_steps_calls(scenario), start=1):
-            sent = sum(e[2] for e in launches)
-            if sent > elements:
-                problems.append(f"{LABELS[name]}, step {step}: {sent} gradient elements all-reduced, the model has "
-                                f"{elements} trainable: some are reduced twice ({_shared_with(layout)} is tied: "
-                                f"register its hook and give it a bucket slot once)")
-            elif len(launches) != buckets:
-                problems.append(f"{LABELS[name]}, step {step}: {len(launches)} all_reduce calls, expected one per "
+        for step, events in enumerate(scenario["events"], start=1):
+            on_group, on_default = (end - start for end, start in zip(events["finished"], events["start"]))
+            if on_default:
+                problems.append(f"{LABELS[name]}, step {step}: {on_default} collectives on the default group and "
+                                f"{on_group} on the process_group the wrapper was given: reduce over "
+                                f"self.process_group (group=...)")
+            elif on_group != buckets:
+                problems.append(f"{LABELS[name]}, step {step}: {on_group} all_reduce calls, expected one per "
                                 f"bucket: {buckets}" + (" (did you all-reduce each gradient on its own?)"
-                                                         if len(launches) > buckets else ""))
+                                                         if on_group > buckets else ""))
             if problems:
                 break
-    return Check(f"one all_reduce per bucket per step ({', '.join(counts)})", not problems,
-                 "\n      ".join(problems[:2]))
+    return Check(f"one all_reduce per bucket per step, on the process group given ({', '.join(counts)})",
+                 not problems, "\n      ".join(problems[:2]))
 
 
-def _overlap_check(scenario):
-    """Some bucket's all-reduce started before the last gradient of the backward and was still running then."""
+def _launch_profile(scenario):
+    """(gradient, launched by then, expected by then) as each gradient became ready: a bucket is expected to
+    be launched from the hook of its last gradient, so the next gradient's note counts it."""
+    bucket_names = expected_buckets(scenario["layout"], scenario["cap_mb"])
+    profile = []
+    for events in scenario["events"]:
+        start, seen, rows = events["start"][0], set(), []
+        for name, on_group, _ in events["grads"]:
+            complete = sum(all(n in seen for n in bucket) for bucket in bucket_names)
+            rows.append((name, on_group - start, complete))
+            seen.add(name)
+        rows.append(("the end of backward()", events["backward returned"][0] - start, len(bucket_names)))
+        profile.append(rows)
+    return profile
+
+
+def _overlap_check(scenario, holds, world):
+    """Each bucket launched from the hook of its last gradient; on 2 or more ranks, the first bucket's all-reduce
+    (which cannot finish before the other ranks join it) still in flight when rank 0's last gradient exists."""
     problems = []
-    for step, events in enumerate(scenario["events"], start=1):
-        grads = [i for i, e in enumerate(events) if e[0] == "grad"]
-        launches = {e[1]: i for i, e in enumerate(events) if e[0] == "launch"}
-        done = {}
-        for i, e in enumerate(events):
-            if e[0] == "done":
-                done.setdefault(e[1], i)  # the first wait ends it (a second wait is a no-op)
-        if not grads or not launches:
-            problems.append(f"step {step}: no all_reduce was logged while training")
-            break
-        last_grad = grads[-1]
-        early = [c for c, i in launches.items() if i < last_grad]
-        if not early:
+    for step, rows in enumerate(_launch_profile(scenario), start=1):
+        if rows[-2][1] == 0:  # nothing launched before the last gradient
             problems.append(f"step {step}: every all_reduce started after the backward had produced its last "
                             f"gradient: launch a bucket from the hook as soon as its last gradient is ready")
             break
-        in_flight = [c for c in early if done.get(c, len(events)) > last_grad]
-        if not in_flight:
-            problems.append(f"step {step}: all_reduce calls started during the backward but each ended before the "
-                            f"next gradient: waiting inside the hook (.wait() or async_op=False) leaves no overlap; "
-                            f"keep the work and wait in finish_gradient_synchronization()")
+        wrong = [(name, launched, expected) for name, launched, expected in rows if launched != expected]
+        if wrong:
+            name, launched, expected = wrong[0]
+            problems.append(f"step {step}: when {name} was ready, {launched} all_reduce calls had been launched, "
+                            f"expected {expected} (the buckets complete by then): launch each bucket in the hook "
+                            f"of its last gradient, once")
             break
+    held = {outcome for outcomes in holds[1:] for outcome in outcomes}
+    if world > 1 and held != {"released"}:
+        problems.append(f"rank 0 never produced its last gradient while its first bucket's all_reduce was waiting "
+                        f"for the other ranks (they held back {CONFIG['hold_seconds']:g} s): the backward waited for "
+                        f"an all_reduce: waiting inside the hook (.wait(), get_future(), async_op=False, a barrier) "
+                        f"leaves no overlap; keep the work and wait in finish_gradient_synchronization()")
     buckets = len(expected_buckets(scenario["layout"], scenario["cap_mb"]))
-    return Check(f"communication overlaps the backward ({buckets} buckets: an all_reduce in flight before the "
-                 f"last gradient)", not problems, "\n      ".join(problems))
+    in_flight = "; an all_reduce still in flight at rank 0's last gradient" if world > 1 else ""
+    return Check(f"communication overlaps the backward ({buckets} buckets, each launched when its last gradient "
+                 f"is ready{in_flight})", not problems, "\n      ".join(problems))
 
 
 def explain_failure(run):
@@ -144,9 +178,10 @@ def explain_failure(run):
         return ""
     error = failure.error  # "Type: first line" of the root-cause rank's exception
     if error.startswith("AttributeError: 'NoneType' object has no attribute 'wait'"):
-        return ("a bucket was never all-reduced: its count of pending gradients never reached 0. Is a parameter "
-                "counted twice, or in two buckets? A weight shared by two layers (tied) is one tensor with one "
-                "gradient: model.parameters() lists it once; walking the layers lists it twice")
+        return ("a bucket had no work to wait for. Either it was never launched: its count of pending gradients "
+                "never reached 0 (is a parameter counted twice, or in two buckets? A weight shared by two layers "
+                "(tied) is one tensor with one gradient: model.parameters() lists it once; walking the layers lists "
+                "it twice); or its all_reduce ran without async_op=True, which blocks and returns None")
     if error.startswith("AttributeError: 'NoneType' object has no attribute"):
         return ("a gradient was still None when its bucket was flattened: the bucket was launched before all its "
                 "gradients were ready; launch it when its count of pending gradients reaches 0")
@@ -190,8 +225,9 @@ def checks(run):
     found.append(Check("parameters identical on every rank; the frozen layer unchanged, with no gradient",
                        not problems, "\n      ".join(problems)))
 
+    found.append(_layout_check(scenarios, run.values("layouts")[0]))
     found.append(_calls_check(scenarios))
-    found.append(_overlap_check(scenarios["many_buckets"]))
+    found.append(_overlap_check(scenarios["many_buckets"], run.values("holds"), world))
 
     accumulations = run.values("accumulation")
     accumulation = accumulations[0]
