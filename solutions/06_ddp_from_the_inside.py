@@ -120,11 +120,12 @@ class BucketedDDP(nn.Module):
         ### HINT 1: an all-reduce sums; the optimizer reads a mean, and it reads it from each parameter's
         ### HINT 1: own .grad, not from the bucket's tensor
         ### HINT 2: Work.wait, self.world_size, Tensor.split with self.sizes, Tensor.view_as, Tensor.copy_
+        ### HINT 2: (torch._foreach_copy_ copies a whole list of tensors in one call)
         for i, bucket in enumerate(self.buckets):
             self.works[i].wait()
             self.flat[i] /= self.world_size
-            for param, piece in zip(bucket, self.flat[i].split(self.sizes[i])):
-                param.grad.copy_(piece.view_as(param))
+            # one call for the bucket: a Python loop of copy_ costs about 5 us per tensor
+            torch._foreach_copy_([param.grad.view(-1) for param in bucket], self.flat[i].split(self.sizes[i]))
         ### END SOLUTION
         self._reset()
 

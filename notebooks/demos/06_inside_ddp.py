@@ -1,7 +1,8 @@
 """Demo for notebook 06: torch's DDP seen from the inside, three hand-built versions proved equal to it,
 and what each one costs. One launch on 3 ranks does everything:
 
-1. a profiled step of torch's DDP on 2 ranks: backward ops and all-reduces on one time axis, per rank;
+1. torch's DDP on 2 ranks: its buckets step by step (one at first, rebuilt after step 1), the order in
+   which it launches them, an all-reduce in flight while the backward goes on, and a profiled step;
 2. NaiveDDP, OverlappedDDP (demos/06_handwritten_ddp.py) and BucketedDDP (the lab's SOLUTION, loaded
    from solutions/, never your lab) against torch's DDP, 3 steps, on process groups of 1, 2 and 3 ranks;
 3. step time, all-reduce calls and bytes of the four on two models, on 2 ranks (rank 2 waits);
@@ -12,6 +13,7 @@ and what each one costs. One launch on 3 ranks does everything:
 python -m ddpcourse run notebooks/demos/06_inside_ddp.py --nproc 3
 """
 import importlib.util
+import datetime
 import os
 import statistics
 import time
@@ -43,22 +45,19 @@ solution = load(HERE.parent.parent / "solutions" / "06_ddp_from_the_inside.py", 
 # -------------------------------------------------------------------------------------------- config
 BATCH = 64                     # per rank
 TIMED_STEPS = 6                # per variant and model, after 2 warm-up steps (the median is printed)
-SWEEP_CAPS_MB = [1 / 1024, 32 / 1024, 128 / 1024, 0.5, 25.0]  # 1 KiB ... 25 MiB (the default)
+SWEEP_CAPS_MB = [1 / 1024, 32 / 1024, 128 / 1024, 0.5, None]  # 1 KiB ... None (the default: 25 MiB)
 FIT_SIZES = [4, 1024, 16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20]  # bytes
 # -----------------------------------------------------------------------------------------------------
 
 
-def wrap(variant, model, group, bucket_cap_mb=25.0):
+def wrap(variant, model, group, bucket_cap_mb=None):
     if variant == "naive":
         return handwritten.NaiveDDP(model, process_group=group)
     if variant == "overlapped":
         return handwritten.OverlappedDDP(model, process_group=group)
     if variant == "bucketed":
         return solution.BucketedDDP(model, bucket_cap_mb=bucket_cap_mb, process_group=group)
-    # torch's DDP makes its first bucket 1 MiB only when bucket_cap_mb is left at its default (None);
-    # BucketedDDP always caps its first bucket at 1 MiB: with 25 MiB, compare it with torch's default
-    cap = None if bucket_cap_mb == 25.0 else bucket_cap_mb
-    return nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=cap)
+    return nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=bucket_cap_mb)
 
 
 VARIANTS = ["naive", "overlapped", "bucketed", "torch"]
@@ -193,6 +192,113 @@ def ddp_timeline(device, group):
             "parameter_names": [n for n, _ in model.named_parameters()]}
 
 
+class BucketLog:
+    """A communication hook that notes each bucket as DDP launches it (its index and parameters), then
+    all-reduces it as DDP's default does; post-accumulate-grad hooks note each gradient as it is ready."""
+
+    def __init__(self, ddp, group, names):
+        self.events, self.futures, self.group, self.names = [], [], group, names
+        ddp.register_comm_hook(None, self.launch)
+        for param in ddp.module.parameters():
+            param.register_post_accumulate_grad_hook(lambda p: self.events.append(["grad", self.names[p]]))
+
+    def launch(self, state, bucket):
+        self.events.append(["launch", bucket.index(), [self.names[p] for p in bucket.parameters()],
+                            bucket.buffer().numel() * bucket.buffer().element_size()])
+        future = allreduce_hook(self.group, bucket)
+        self.futures.append(future)
+        return future
+
+    def take(self):
+        events, self.events, self.futures = self.events, [], []
+        return events
+
+
+def names_of(model):
+    return {p: n for n, p in model.named_parameters()}
+
+
+def bucket_steps(device, group):
+    """The buckets torch's DDP all-reduces in each of 3 steps, with each setting, on the 3 x 4 MiB model."""
+    settings = {"defaults": {}, "bucket_cap_mb=4": {"bucket_cap_mb": 4}, "bucket_cap_mb=25": {"bucket_cap_mb": 25},
+                "find_unused_parameters=True": {"find_unused_parameters": True}}
+    x, y = data(1024, dist.get_rank(), device)
+    found = {}
+    for label, options in settings.items():
+        model = large_layers().to(device)
+        ddp = nn.parallel.DistributedDataParallel(model, process_group=group, **options)
+        log = BucketLog(ddp, group, names_of(model))
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        steps = []
+        for _ in range(3):
+            step(ddp, optimizer, x, y)
+            steps.append([[e[2], e[3]] for e in log.take() if e[0] == "launch"])
+        found[label] = steps
+    return found
+
+
+class Backwards(nn.Module):
+    """Three layers registered a, b, c but run c, b, a: gradients arrive a first, c last."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = (nn.Linear(256, 256, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        return self.a(torch.relu(self.b(torch.relu(self.c(x)))))
+
+
+def launch_order(device, group):
+    """Events of step 1 with find_unused_parameters=True (buckets from registration order, never rebuilt) and of
+    step 2 with the defaults (buckets rebuilt in arrival order), one 256 KiB weight per bucket."""
+    found = {}
+    x, y = data(256, dist.get_rank(), device)
+    for label, options in (("registration order", {"find_unused_parameters": True}), ("rebuilt", {})):
+        torch.manual_seed(0)
+        model = Backwards().to(device)
+        ddp = nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.25, **options)
+        log = BucketLog(ddp, group, names_of(model))
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        for _ in range(2):
+            step(ddp, optimizer, x, y)
+            events = [[e[0], e[1]] for e in log.take()]
+        found[label] = events
+    return found
+
+
+def in_flight(device, group, store):
+    """Is rank 0's first all-reduce still running while its backward computes later gradients? Rank 1 holds its
+    backward back at its first gradient until rank 0 has its last one: rank 0's first all-reduce cannot finish
+    before then, so if rank 0's backward waited for it, it would never get there (the hold gives up after 20 s)."""
+    model = large_layers().to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=4)
+    names = names_of(model)
+    log = BucketLog(ddp, group, names)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = data(1024, dist.get_rank(), device)
+    for _ in range(2):  # after the rebuild: one layer per bucket
+        step(ddp, optimizer, x, y)
+    log.take()
+    rank, seen = dist.get_rank(), {}
+
+    def note(param):
+        seen["grads"] = seen.get("grads", 0) + 1
+        if rank == 0 and seen["grads"] == 6:  # rank 0's last gradient
+            seen["first_done_at_last_grad"] = log.futures[0].done() if log.futures else None
+            seen["launched_before_last_grad"] = len(log.futures)
+            store.set("in_flight", "rank 0 has every gradient")
+        if rank == 1 and seen["grads"] == 1:
+            start = time.perf_counter()
+            store.wait(["in_flight"], datetime.timedelta(seconds=20))
+            seen["held_seconds"] = time.perf_counter() - start
+
+    for param in model.parameters():  # tensor hooks run before DDP's, which are on the gradient's node
+        param.register_post_accumulate_grad_hook(note)
+    step(ddp, optimizer, x, y)
+    seen["first_done_after_backward"] = log.futures[0].done() if log.futures else None
+    return seen
+
+
 # ----------------------------------------------------------------------------- 2. equal to torch's DDP
 def equality(groups, rank, device):
     """max |ours - torch's DDP| over the weights after 3 steps, per variant and group size."""
@@ -201,7 +307,7 @@ def equality(groups, rank, device):
         if rank >= size:
             continue
         for variant in VARIANTS[:3]:
-            for cap in ([solution.ONE_BUCKET_MB, solution.MANY_BUCKETS_MB] if variant == "bucketed" else [25.0]):
+            for cap in ([solution.ONE_BUCKET_MB, solution.MANY_BUCKETS_MB] if variant == "bucketed" else [None]):
                 model, reference = solution.build(rank).to(device), solution.build(rank).to(device)
                 ours, theirs = wrap(variant, model, group, cap), wrap("torch", reference, group, cap)
                 optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, reference)]
@@ -211,7 +317,7 @@ def equality(groups, rank, device):
                     step(theirs, optimizers[1], x, y)
                 mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
                 torch_ = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
-                label = variant if variant != "bucketed" else f"bucketed {'one bucket' if cap > 1 else '256-byte buckets'}"
+                label = variant if variant != "bucketed" else f"bucketed {'one bucket' if cap is None else '256-byte buckets'}"
                 found[f"{label} @ {size}"] = float((mine - torch_).abs().max())
     return found
 
@@ -238,7 +344,8 @@ def measure(rank, device, group):
         step(model, optimizer, x, y)
         compute = timed(lambda: step(model, optimizer, x, y), TIMED_STEPS, device, group)
         forward = timed(lambda: model(x), TIMED_STEPS, device, group)
-        results["compute"][model_name] = {"step": compute, "forward": forward,
+        update = timed(optimizer.step, TIMED_STEPS, device, group)
+        results["compute"][model_name] = {"step": compute, "forward": forward, "optimizer": update,
                                           "tensors": len(list(model.parameters())),
                                           "bytes": sum(4 * p.numel() for p in model.parameters())}
         for variant in VARIANTS:
@@ -257,15 +364,19 @@ def measure(rank, device, group):
             step(wrapped, optimizer, x, y)
         seconds = timed(lambda: step(wrapped, optimizer, x, y), TIMED_STEPS, device, group)
         results["sweep"].append({"cap_mb": cap, "buckets": len(wrapped.buckets), "seconds": seconds})
-    # all_reduce alone, over message sizes
-    fit = []
+    results["fit"] = allreduce_times(device, group)
+    return results
+
+
+def allreduce_times(device, group):
+    """Median seconds of one all_reduce of each FIT_SIZES message on `group` (its ranks only)."""
+    seconds = []
     for size in FIT_SIZES:
         tensor = torch.ones(size // 4, device=device)
         dist.all_reduce(tensor, group=group)
         repeats = 20 if size <= 2**20 else 5
-        fit.append(timed(lambda: dist.all_reduce(tensor, group=group), repeats, device, group))
-    results["fit"] = {"sizes": FIT_SIZES, "seconds": fit}
-    return results
+        seconds.append(timed(lambda: dist.all_reduce(tensor, group=group), repeats, device, group))
+    return {"sizes": FIT_SIZES, "seconds": seconds, "world_size": dist.get_world_size(group)}
 
 
 def baselines(device):
@@ -291,11 +402,17 @@ def main():
     pair = groups[2]
 
     # Every rank reports every name (None where it took no part): the notebook reads them per rank.
+    store = dist.PrefixStore("demo06", dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                                     is_master=False))  # torchrun's store, for the hold
+    report(buckets=bucket_steps(device, pair) if rank < 2 else None,
+           order=launch_order(device, pair) if rank < 2 else None,
+           in_flight=in_flight(device, pair, store) if rank < 2 else None)
     report(ddp=ddp_timeline(device, pair) if rank < 2 else None)
     report(equal=equality(groups, rank, device), tied_hook_calls=tied_hook_calls(device))
     dist.barrier()
     report(measured=measure(rank, device, pair) if rank < 2 else None)
-    dist.barrier()  # ranks 1 and 2 wait here while rank 0 runs the one-process baselines
+    dist.barrier()
+    report(fit_three=allreduce_times(device, groups[3]))  # the same sizes on 3 ranks: the model's N  # ranks 1 and 2 wait here while rank 0 runs the one-process baselines
     found, threads = baselines(device) if rank == 0 else (None, None)
     report(baselines=found, threads=threads)
     dist.barrier()
