@@ -335,7 +335,9 @@ def test_ddp_bucket_sizes_are_the_cheatsheets():
 
     assert ddp._DEFAULT_BUCKET_CAP_MB == 25 and dist._DEFAULT_FIRST_BUCKET_BYTES == 1024 * 1024
     assert "_DEFAULT_FIRST_BUCKET_BYTES if is_using_default else" in inspect.getsource(ddp)
-    assert "25 MiB each (`bucket_cap_mb`); by default\n  the first bucket closes at 1 MiB" in CHEATSHEET
+    assert "bucket_size_limits = [sys.maxsize]" in inspect.getsource(ddp)  # step 1: one bucket
+    assert "one in step 1, then rebuilt in the order the gradients arrived, 25 MiB each" in CHEATSHEET
+    assert "by default the first closes at 1 MiB, an explicit cap sets it too" in CHEATSHEET
 
 
 def test_the_cheatsheets_checkpoint_code_saves_and_loads(tmp_path, monkeypatch):
