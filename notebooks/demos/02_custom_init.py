@@ -1,4 +1,5 @@
-"""Demo for notebook 02, section 5: broadcasting a custom initialization, right and wrong, and its cost.
+"""Demo for notebook 02, section 5: broadcasting a custom initialization, right and wrong, one tensor at a
+time or coalesced, and the cost of starting from a pretrained checkpoint.
 
 python -m ddpcourse run notebooks/demos/02_custom_init.py --nproc 2
 No DDP here: these are the collectives DDP's constructor would otherwise do for you.
@@ -10,6 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ddpcourse import init_distributed, report
 from ddpcourse.lab import compare_replicas
@@ -19,7 +21,9 @@ from ddpcourse.toy import build_model
 SEED = 0
 PRETRAINED_WIDTH = 512    # the "pretrained" model: 4 Linear(512, 512) layers, about 1.05 M parameters
 PRETRAINED_LAYERS = 4
-REPEATS = 3               # each way of loading is timed REPEATS times; the fastest run counts
+REPEATS = 3               # each way of loading (or broadcasting) is timed REPEATS times; the fastest run counts
+SMALL_LAYERS = 50         # the model broadcast one tensor at a time or coalesced: 50 Linear(8, 8), 100 tensors
+BUCKET_BYTES = 250 * 1024 * 1024  # what DDP's constructor passes to dist._broadcast_coalesced
 # -----------------------------------------------------------------------------
 
 rank, world_size, device = init_distributed()
@@ -73,6 +77,65 @@ print(f"parameters and buffers: {in_place}; same tensor objects: {same_objects};
 report(broadcast_object_list=object_list.as_dict(), list_holds_model_tensors=list_holds_model_tensors,
        list_holds_rank0_row=list_holds_rank0_row, parameters_only=parameters_only.as_dict(),
        in_place=in_place.as_dict(), same_objects=same_objects, row0=row0)
+
+
+# One collective per tensor, or one for many? The group counts every collective launched on it.
+group = dist.group.WORLD
+
+
+def collectives_launched(way, module):
+    before = group._get_sequence_number_for_group()
+    way(module, src=0)
+    return group._get_sequence_number_for_group() - before
+
+
+def module_tensors(module):
+    return [t.detach() for t in list(module.parameters()) + list(module.buffers())]
+
+
+def broadcast_coalesced_(module, src):
+    """DDP's way: torch packs the tensors into buckets (of one dtype each) and broadcasts each bucket once."""
+    dist._broadcast_coalesced(group, module_tensors(module), BUCKET_BYTES, src)
+
+
+def broadcast_flattened_(module, src):
+    """By hand: one flat tensor (all of one dtype), one broadcast, then each slice copied back into place."""
+    tensors = module_tensors(module)
+    flat = _flatten_dense_tensors(tensors)
+    dist.broadcast(flat, src=src)
+    for tensor, received in zip(tensors, _unflatten_dense_tensors(flat, tensors)):
+        tensor.copy_(received)
+
+
+small = nn.Sequential(*[nn.Linear(8, 8) for _ in range(SMALL_LAYERS)])
+ways = {"one broadcast per tensor": broadcast_parameters_and_buffers_,
+        "dist._broadcast_coalesced": broadcast_coalesced_,
+        "flatten, broadcast once": broadcast_flattened_}
+coalescing = {"tensors": len(module_tensors(small)), "collectives": {}, "identical": {}}
+coalescing_seconds = {}
+for name, way in ways.items():
+    best = float("inf")
+    for _ in range(REPEATS):
+        torch.manual_seed(SEED + rank)
+        with torch.no_grad():
+            for p in small.parameters():
+                p.normal_()  # different values on every rank again
+        dist.barrier()
+        start = time.perf_counter()
+        coalescing["collectives"][name] = collectives_launched(way, small)
+        best = min(best, time.perf_counter() - start)
+    slowest = torch.tensor(best)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    coalescing_seconds[name] = slowest.item()
+    coalescing["identical"][name] = compare_replicas(small).identical
+    print(f"{name:26s} {coalescing['collectives'][name]:3d} collectives, {slowest.item() * 1000:6.2f} ms, "
+          f"replicas identical: {coalescing['identical'][name]}")
+# A BatchNorm model holds float32 tensors and an int64 one (num_batches_tracked): one bucket per dtype.
+with_buffers = build_model(seed=SEED + rank, batchnorm=True)
+coalescing["batchnorm_dtypes"] = sorted({str(t.dtype) for t in module_tensors(with_buffers)})
+coalescing["batchnorm_coalesced"] = collectives_launched(broadcast_coalesced_, with_buffers)
+coalescing["batchnorm_identical"] = compare_replicas(with_buffers).identical
+report(coalescing=coalescing, coalescing_seconds=coalescing_seconds)
 
 
 # Pretrained weights: load on every rank, or load on rank 0 and broadcast?

@@ -1,7 +1,8 @@
-"""Demo for notebook 02, sections 1-2: seeds decide the initial weights; DDP's constructor broadcasts.
+"""Demo for notebook 02, sections 1-2: seeds decide the initial weights; DDP's constructor checks, then broadcasts.
 
 python -m ddpcourse run notebooks/demos/02_seeds_and_wrap.py --nproc 2
-The last step wraps models whose shapes differ on purpose: the run ends with DDP's error.
+It wraps models that differ on purpose: in their number of parameters, in a parameter's strides, and (the
+last step) in a parameter's sizes: the run ends with DDP's error.
 Notebook 02 runs it with the notebook's other demos, in one launch: demos/02_all_demos.py.
 """
 import inspect
@@ -9,6 +10,7 @@ import inspect
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpcourse import init_distributed, report
 from ddpcourse.lab import compare_replicas
@@ -73,11 +75,61 @@ report(before_wrap=before.as_dict(), after_wrap=after.as_dict(), equals_rank0_st
        same_tensor_objects=same_tensors, ddp_init_lines=where)
 
 
+# 3. Before it broadcasts, the constructor checks the replicas: which collectives, and what each mismatch raises.
+class CollectiveLog(TorchDispatchMode):
+    """The name of every c10d collective this rank launches while active (DDP's C++ calls too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket._qualified_op_name
+        if name.startswith("c10d::"):
+            self.names.append(name[len("c10d::"):])
+        return func(*args, **(kwargs or {}))
+
+
+def wrap_logged(model):
+    """DDP(model) on this rank: the collectives it launched and the text of its RuntimeError (None if none)."""
+    with CollectiveLog() as log:
+        try:
+            DDP(model)
+        except RuntimeError as error:
+            return {"collectives": log.names, "error": str(error)}
+    return {"collectives": log.names, "error": None}
+
+
+# 3a. A different NUMBER of parameters: rank 1's model has one more layer (2 more parameters).
+more_parameters = TinyNet()
+if rank == 1:
+    more_parameters.extra = torch.nn.Linear(1, 1)
+count_check = wrap_logged(more_parameters)
+print(f"{len(list(more_parameters.parameters()))} parameters: {count_check}")
+
+# 3b. The same sizes, other strides: rank 1's fc1.weight is a [16, 8] view of an [8, 16] tensor.
+other_strides = TinyNet()
+if rank == 1:
+    other_strides.fc1.weight = torch.nn.Parameter(torch.empty(8, 16).t())
+stride_check = wrap_logged(other_strides)
+print(f"fc1.weight strides {other_strides.fc1.weight.stride()}: {stride_check}")
+if stride_check["error"] is not None:
+    # Rank 0, whose metadata was the reference, passed the check and now waits in the broadcast of its
+    # parameters: this rank joins that broadcast (as DDP would have), so that the run can go on.
+    dist._broadcast_coalesced(dist.group.WORLD, [p.detach() for p in other_strides.parameters()],
+                              250 * 1024 * 1024, 0)
+report(count_check=count_check, stride_check=stride_check)
+
+
 def wrap_mismatched_shapes():
-    """3. DDP compares parameter shapes across ranks first. Here rank 1's hidden layer is one unit wider."""
+    """3c. Other sizes: rank 1's hidden layer is one unit wider. The run ends here."""
     mismatched = TinyNet(hidden=16 + rank)
     print(f"wrapping a model with fc1.weight of shape {list(mismatched.fc1.weight.shape)} ...")
-    DDP(mismatched)  # ranks > 0 raise; rank 0 (the reference) moves on to the broadcast and is stopped
+    with CollectiveLog() as log:
+        try:
+            DDP(mismatched)  # ranks > 0 raise; rank 0 (the reference) moves on to the broadcast and is stopped
+        finally:
+            report(shape_check_collectives=log.names)  # what a rank launched before it raised
 
 
 if __name__ == "__main__":  # run alone; 02_all_demos.py calls the last step itself, after the other demos
