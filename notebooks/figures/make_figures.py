@@ -158,7 +158,7 @@ def ddp_registration():
 def ddp_start_02():
     """Notebook 02: what DistributedDataParallel synchronizes, and when."""
     parts = [text(370, 22, "what DDP copies from rank 0, and when", 15, bold=True)]
-    steps = [("DDP(model)", "1. compare parameter shapes with rank 0's", "a mismatch: RuntimeError on ranks > 0"),
+    steps = [("DDP(model)", "1. check counts (all-gather), shapes (rank 0's)", "counts: all raise; shapes: that rank"),
              ("DDP(model)", "2. broadcast rank 0's parameters and buffers", "in place: same tensor objects"),
              ("each forward", "3. broadcast rank 0's buffers (forward_sync_buffers)", "BatchNorm statistics: rank 0's win"),
              ("each backward", "4. all_reduce the gradients (mean)", "same update: equal parameters stay equal")]
