@@ -1,6 +1,7 @@
-"""Demo for notebook 04: when DDP all-reduces during backward (tiny and default buckets); gradient
-accumulation with no_sync() (right, off by one, unscaled loss, synced every time); a checksum all-reduce
-that names a diverging rank, and what it costs for three model sizes.
+"""Demo for notebook 04: when DDP all-reduces during backward (the first and the second step, tiny and default
+buckets); gradient accumulation with no_sync() (right, off by one, unscaled loss, synced every time; its
+all-reduces counted); a checksum all-reduce that names a diverging rank, and what it costs for three model
+sizes.
 
 python -m ddpcourse run notebooks/demos/04_no_sync_and_checksum.py --nproc 2
 """
@@ -10,6 +11,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpcourse import init_distributed, report
@@ -60,30 +62,35 @@ def logging_allreduce(events):
 
 
 def backward_events(**ddp_options):
-    """The order of 'gradient ready' and 'bucket all-reduce starts' in the second backward of a DDP model."""
-    events = []
+    """The order of 'gradient ready' and 'bucket all-reduce starts' in the first and the second backward of a
+    DDP model: ([first step's events, second step's], whether every step was as expected)."""
+    events, steps, quiet_and_complete = [], [], True
     ddp = DDP(build_model(seed=0), **ddp_options)
     for name, param in ddp.module.named_parameters():
         param.register_post_accumulate_grad_hook(lambda p, name=name: events.append(f"grad {name}"))
     ddp.register_comm_hook(None, logging_allreduce(events))
     x, y = micro_batch(0)
-    for _ in range(2):  # DDP settles its buckets in the first iteration; look at the second
+    for _ in range(2):  # the constructor made one bucket; the second forward rebuilds them in arrival order
         events.clear()
         loss = F.mse_loss(ddp(x), y)
         forward_events = list(events)  # a forward starts no gradient all-reduce
         loss.backward()
-    grads_identical_on_return = grad_spread(ddp.module) == 0.0  # backward waited for every all-reduce
+        steps.append(list(events))
+        # backward returned only once every all-reduce was done: the gradients are the same on every rank
+        quiet_and_complete = quiet_and_complete and forward_events == [] and grad_spread(ddp.module) == 0.0
     del ddp
-    return events, forward_events == [] and grads_identical_on_return
+    return steps, quiet_and_complete
 
 
-# bucket_cap_mb=1e-6 (about one byte): every parameter gets a bucket of its own, so the order shows
-tiny_events, tiny_identical = backward_events(bucket_cap_mb=1e-6)
-# as shipped: bucket_cap_mb=25, and a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB)
-default_events, default_identical = backward_events()
-print("backward, bucket_cap_mb=1e-6 (one bucket per parameter):", ", ".join(tiny_events))
-print("backward, default buckets:", ", ".join(default_events))
+# bucket_cap_mb=1e-6 (about one byte): once rebuilt, every parameter has a bucket of its own, so the order shows
+(tiny_first, tiny_events), tiny_identical = backward_events(bucket_cap_mb=1e-6)
+# as shipped: bucket_cap_mb=25, and a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) when rebuilt
+(default_first, default_events), default_identical = backward_events()
+print("first backward, bucket_cap_mb=1e-6:", ", ".join(tiny_first))
+print("second backward, bucket_cap_mb=1e-6 (one bucket per parameter):", ", ".join(tiny_events))
+print("second backward, default buckets:", ", ".join(default_events))
 report(backward_events=tiny_events, default_backward_events=default_events,
+       first_backward_events={"bucket_cap_mb=1e-6": tiny_first, "default": default_first},
        forward_quiet_backward_complete=[tiny_identical, default_identical],
        first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES,
        tiny_net_bytes=sum(p.numel() * p.element_size() for p in build_model(seed=0).parameters()))
@@ -99,9 +106,19 @@ F.mse_loss(reference(everything[0]), everything[1]).backward()
 reference_grad = flat_grad(reference)
 
 
+def counting_allreduce(calls):
+    def hook(state, bucket):
+        """torch's default all-reduce hook (DDP's own averaging), counted."""
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+    return hook
+
+
 def accumulate(sync_last, scale_loss, sync_every=False):
     """One optimizer step's worth of micro-batches; returns what was measured."""
     model = DDP(build_model(seed=0))
+    calls = []
+    model.register_comm_hook(None, counting_allreduce(calls))
     spreads = []
     for i in range(ACCUMULATION_STEPS):
         last = i == ACCUMULATION_STEPS - 1
@@ -115,7 +132,8 @@ def accumulate(sync_last, scale_loss, sync_every=False):
     grad = flat_grad(model)
     measured = {"spread_per_micro_step": spreads,
                 "vs_large_batch": float((grad - reference_grad).abs().max()),
-                "ratio_to_large_batch": float(grad.norm() / reference_grad.norm())}
+                "ratio_to_large_batch": float(grad.norm() / reference_grad.norm()),
+                "all_reduces": len(calls)}
     torch.optim.SGD(model.parameters(), lr=0.1).step()
     measured["replicas_identical_after_step"] = compare_replicas(model).identical
     return measured
@@ -133,7 +151,7 @@ def rounding(diff):
 for name, m in variants.items():
     print(f"{name:>15}: grad spread per micro-step {[round(s, 4) for s in m['spread_per_micro_step']]}, "
           f"|grad - large batch| {rounding(m['vs_large_batch'])}, norm ratio {m['ratio_to_large_batch']:.3f}, "
-          f"replicas identical after step: {m['replicas_identical_after_step']}")
+          f"replicas identical after step: {m['replicas_identical_after_step']}, all-reduces {m['all_reduces']}")
 report(accumulation=variants)
 
 # ---- a checksum every k steps names a diverging rank ------------------------------------------------------
@@ -170,10 +188,11 @@ for step in range(1, TRAIN_STEPS + 1):
     if step % CHECK_EVERY == 0:
         sums = checksums(model)
         diverged = [r for r in range(world_size) if sums[r] != sums[0]]
-        detections.append({"step": step, "diverged_ranks": diverged})
+        by = float((sums - sums[0]).abs().max())
+        detections.append({"step": step, "diverged_ranks": diverged, "by": by})
         if diverged and rank == 0:
             print(f"step {step}: checksum of rank(s) {diverged} differs from rank 0's "
-                  f"(by {float((sums - sums[0]).abs().max()):.1e}): the replicas have diverged")
+                  f"(by {by:.1e}): the replicas have diverged")
 still_differ = not compare_replicas(model).identical  # DDP kept averaging gradients; nothing repaired it
 def median_ms(fn, repeats=TIMING_REPEATS):
     times = []

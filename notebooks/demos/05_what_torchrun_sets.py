@@ -1,4 +1,5 @@
-"""Demo for notebook 05: what torchrun gives each worker, three ways to initialize, and the GPU code path.
+"""Demo for notebook 05: what torchrun gives each worker, three ways to initialize (and what listens where
+during each), and the GPU code path.
 
 python -m ddpcourse run notebooks/demos/05_what_torchrun_sets.py --nproc 2 -- --tcp-port 29999 --file /tmp/x
 """
@@ -8,14 +9,16 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import torch
 import torch.distributed as dist
 
 from ddpcourse import report
+from ddpcourse.processes import listening_sockets
 
 TORCHRUN_VARIABLES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                      "TORCHELASTIC_RUN_ID"]
+                      "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"]
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tcp-port", type=int, required=True)  # a free port the notebook picked
@@ -24,7 +27,8 @@ options = parser.parse_args()
 rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 # 1. The environment: torchrun passes everything through variables, nothing through arguments.
-report(env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES}, argv=sys.argv[1:])
+report(env={name: os.environ.get(name) for name in TORCHRUN_VARIABLES}, argv=sys.argv[1:],
+       cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))  # torchrun passes it on as it found it
 
 # 2. Three init methods. Each time: join, all_reduce the ranks, leave.
 # Rank 1 calls init_process_group only once rank 0 is about to (a marker file says so), so rank 0 is
@@ -40,7 +44,17 @@ methods = {
     f"tcp://127.0.0.1:{options.tcp_port}": {"rank": rank, "world_size": world_size},
     f"file://{options.file}": {"rank": rank, "world_size": world_size},  # a file on a shared filesystem
 }
-sums, first_init = {}, None
+
+
+def listening_now():
+    """[address, port, who] of every TCP socket that this node's agent or its workers listen on."""
+    agent = psutil.Process(os.getppid())
+    names = {agent.pid: "agent", os.getpid(): "rank 0"}
+    pids = [agent.pid] + [child.pid for child in agent.children(recursive=True)]
+    return [[address, port, names.get(pid, "another rank")] for address, port, pid in listening_sockets(pids)]
+
+
+sums, first_init, listening = {}, None, {}
 for method, extra in methods.items():
     called_at = time.time()
     dist.init_process_group("gloo", init_method=method, **extra)
@@ -49,9 +63,13 @@ for method, extra in methods.items():
     total = torch.tensor([float(rank)])
     dist.all_reduce(total)
     sums[method.split(":")[0]] = total.item()
+    if rank == 0:  # every rank has joined and exchanged a message: every socket of this method is open
+        listening[method.split(":")[0]] = listening_now()
     dist.barrier()
     dist.destroy_process_group()
 report(sums=sums, first_init=first_init)
+if rank == 0:
+    report(listening=listening, gloo_interface=os.environ.get("GLOO_SOCKET_IFNAME"))
 
 # 3. Which backends this torch build has, and the GPU path (one GPU per local rank).
 report(backends={"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available(), "mpi": dist.is_mpi_available()})
