@@ -13,7 +13,11 @@ of its own, and all three the default group.
   4. the order of DDP's averaging without a hook (N = 2): a float16 gradient that a sum would overflow;
   5. timing (N = 2): milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares);
   6. every collective DDP calls in its constructor and in each forward and backward of 3 iterations (N = 2),
-     with the default settings and with find_unused_parameters=True.
+     with the default settings and with find_unused_parameters=True;
+  7. buckets (N = 2): how many per step, and how many gradients were still to come when each was all-reduced;
+  8. the constructor's checks (N = 2): a rank with more parameters, a rank with a wider layer;
+  9. BatchNorm at a fixed global batch (N = 2), and SyncBatchNorm on CPU tensors;
+ 10. a DataLoader training loop over 2 epochs with DistributedSampler, without and with set_epoch (N = 2).
 Rank 2 takes part in what needs all three ranks (sections 1 and 2) and waits during the rest.
 """
 import gc
@@ -27,7 +31,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpcourse import init_distributed, report
 from ddpcourse.lab import compare_replicas
@@ -56,6 +60,11 @@ def block(first, rank, size):
     """Indices of `rank`'s block of `size` samples in a global batch that starts at sample `first`."""
     start = first + rank * size
     return list(range(start, start + size))
+
+
+def spans(shards):
+    """'0..3, 8..11, 16..19': the first and last sample of each block this rank trained on."""
+    return ", ".join(f"{s[0]}..{s[-1]}" for s in shards)
 
 
 # ----------------------------------------------------------------------------- 1. DDP training
@@ -95,7 +104,7 @@ trained = {str(dist.get_world_size(my_group)): {"shards": shards, "weights": dic
 parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
 first_shard = shards[0]
 if in_pair:
-    print(f"N = 2: {STEPS} steps on samples {shards[0][0]}..{shards[-1][-1]} (blocks of {PER_RANK_BATCH}); "
+    print(f"N = 2: {STEPS} steps on this rank's blocks {spans(shards)}; "
           f"all-reduced per step: {sum(seen['bytes']) // STEPS} bytes = the gradient size ({parameter_bytes} "
           f"bytes), {len(seen['bytes']) // STEPS} bucket(s), all during backward: {all(seen['in_backward'])}")
     report(shards=shards, first_grads=first_grads, hook_bytes=seen["bytes"], hook_in_backward=seen["in_backward"],
@@ -107,7 +116,7 @@ if in_pair:
 world_model = train(dist.group.WORLD)  # N = 3
 trained["3"] = {"shards": world_model[2], "weights": dict(world_model[0].named_parameters())}
 replicas = compare_replicas(world_model[1])
-print(f"N = 3: {STEPS} steps on samples {world_model[2][0][0]}..{world_model[2][-1][-1]}: {replicas}")
+print(f"N = 3: {STEPS} steps on this rank's blocks {spans(world_model[2])}: {replicas}")
 report(trained=trained, replicas=replicas.as_dict())
 
 # ----------------------------------------------------------------------------- 2. construction
@@ -216,12 +225,118 @@ def collectives_per_phase(find_unused):
     return phases
 
 
+# ----------------------------------------------------------------------------- 7. buckets (N = 2)
+def bucket_probe(net, find_unused=False, steps=3):
+    """Buckets in each step, and for each bucket's all-reduce how many gradients were still to come (None)."""
+    wrapper = DDP(net, process_group=pair, find_unused_parameters=find_unused)
+    params = [p for name, p in net.named_parameters() if not name.startswith("spare")]  # those the forward uses
+    launches = []
+
+    def probe_hook(state, bucket):
+        launches[-1].append({"bucket": bucket.index(), "parameters": len(bucket.parameters()),
+                             "gradients_to_come": sum(p.grad is None for p in params)})
+        return default_hooks.allreduce_hook(state, bucket)  # then exactly what DDP does by default
+
+    wrapper.register_comm_hook(pair, probe_hook)
+    buckets = []
+    for _ in range(steps):
+        wrapper.zero_grad(set_to_none=True)  # every .grad is None until autograd writes it
+        launches.append([])
+        wrapper(torch.ones(4, params[0].shape[1])).sum().backward()
+        buckets.append(len(wrapper.reducer._get_zeros_like_grad_buckets()))
+    return {"buckets": buckets, "launches": launches}
+
+
+class ThreeLayers(nn.Module):
+    """Three Linear(1024, 1024): 12 MiB of parameters. `spare`: one more layer that the forward never uses."""
+
+    def __init__(self, spare=False):
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.layers = nn.ModuleList(nn.Linear(1024, 1024) for _ in range(3))
+        if spare:
+            self.spare = nn.Linear(1, 1)  # the case find_unused_parameters=True is made for
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+# ----------------------------------------------------------------------------- 8. the constructor's checks (N = 2)
+def constructor_checks():
+    """DDP's constructor first all-gathers the NUMBER of parameters, then compares sizes and strides with rank
+    0's (a broadcast of rank 0's metadata). What each rank raises when rank 1's model differs."""
+    errors = {}
+    counted = build_model(SEED)
+    if rank == 1:
+        counted.extra = nn.Linear(1, 1)  # two more parameters on rank 1
+    try:
+        DDP(counted, process_group=pair)
+        errors["count"] = None
+    except RuntimeError as error:
+        errors["count"] = str(error)
+    wider = build_model(SEED, hidden=17 if rank == 1 else 16)  # as many parameters, one of other sizes
+    try:
+        DDP(wider, process_group=pair)
+        errors["sizes"] = None
+    except RuntimeError as error:
+        errors["sizes"] = str(error)
+        # rank 0, the reference, raised nothing and now broadcasts its state: stand in for that broadcast
+        dist.broadcast(torch.empty(sum(p.numel() for p in build_model(SEED).parameters())), src=0, group=pair)
+    report(constructor_errors=errors)
+
+
+# ----------------------------------------------------------------------------- 9. BatchNorm (N = 2)
+def batchnorm_at_fixed_global_batch():
+    """TinyNet with BatchNorm (train mode), each rank on its block of step 1: the gradients after backward."""
+    net = DDP(build_model(SEED, batchnorm=True), process_group=pair)
+    F.mse_loss(net(x_all[first_shard]), y_all[first_shard]).backward()
+    sync = nn.SyncBatchNorm.convert_sync_batchnorm(build_model(SEED, batchnorm=True), process_group=pair)
+    try:
+        sync(x_all[first_shard])
+        sync_error = None
+    except ValueError as error:  # raised before any communication
+        sync_error = str(error)
+    report(batchnorm_grads={name: p.grad for name, p in net.module.named_parameters()}, syncbn_error=sync_error)
+
+
+# ----------------------------------------------------------------------------- 10. epochs with DistributedSampler (N = 2)
+def sampler_epochs(samples=16, epochs=2):
+    """A DataLoader training loop; the sample indices each rank trained on, per epoch."""
+    dataset = TensorDataset(torch.arange(samples))  # the loader yields indices into x_all, y_all
+    orders = {}
+    for call_set_epoch in (False, True):
+        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank)  # shuffle left at its default
+        loader = DataLoader(dataset, batch_size=PER_RANK_BATCH, sampler=sampler)
+        net = DDP(build_model(SEED), process_group=pair)
+        optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+        per_epoch = []
+        for epoch in range(epochs):
+            if call_set_epoch:
+                sampler.set_epoch(epoch)  # the order of epoch e comes from seed + e
+            seen = []
+            for (indices,) in loader:
+                optimizer.zero_grad()
+                F.mse_loss(net(x_all[indices]), y_all[indices]).backward()
+                optimizer.step()
+                seen += indices.tolist()
+            per_epoch.append(seen)
+        orders[str(call_set_epoch)] = per_epoch
+    report(sampler_shuffle=sampler.shuffle, epoch_orders=orders)
+
+
 if in_pair:
     pitfalls()
     division_first()
     step_time()
     report(collectives={"default": collectives_per_phase(False), "find_unused": collectives_per_phase(True)},
            pid=os.getpid())  # one process per rank
+    report(buckets={"tiny": bucket_probe(build_model(SEED)), "three_layers": bucket_probe(ThreeLayers()),
+                    "three_layers_find_unused": bucket_probe(ThreeLayers(spare=True), find_unused=True)})
+    constructor_checks()
+    batchnorm_at_fixed_global_batch()
+    sampler_epochs()
 dist.barrier()  # rank 2 waits here for the others
 
 del ddp_model, world_model, wrapped

@@ -2,10 +2,12 @@
 
 Every scenario trains a fresh DDP(TinyNet) for a few steps, changes the model, trains again and reports
 what compare_replicas says. Most of them raise no error: that is the point. Where one does (a layer
-missing on one rank, a static graph that changed), the demo catches it and reports it.
+missing on one rank, a static graph that changed, two forwards under find_unused_parameters=True), the demo
+catches it and reports it. Also: a re-wrap with init_sync=False, and two forwards before one backward.
 
 python -m ddpcourse run notebooks/demos/03_change_model.py --nproc 2
 """
+import inspect
 from collections import OrderedDict
 
 import torch
@@ -110,6 +112,21 @@ def grow_and_rewrap():
             "new_layer_in_old_optimizer": in_old_optimizer}
 
 
+def rewrap_without_init_sync():
+    """The same growth, re-wrapped with init_sync=False: the constructor neither checks nor broadcasts."""
+    model = DDP(build_model(SEED).to(device))
+    train(model, sgd(model.parameters()))
+    insert_hidden_layer(model.module, seed=10 + rank)  # different on every rank, as in grow_and_rewrap
+    model = DDP(model.module, init_sync=False)
+    after_rewrap = differing(model)
+    train(model, sgd(model.parameters()))
+    init_source = inspect.getsource(DDP.__init__)
+    gated = init_source.split("if init_sync:", 1)[1].split("\n\n", 1)[0]  # the block the flag guards
+    return {"after_rewrap": after_rewrap, "after_training": differing(model),
+            "init_sync_guards": [name for name in ("_verify_param_shape_across_processes", "_sync_module_states")
+                                 if name in gated]}
+
+
 def grow_keep_optimizer_state():
     """After growing and re-wrapping: add_param_group keeps the old parameters' state, a new optimizer drops it."""
     kinds = {"SGD momentum 0.9": lambda params: torch.optim.SGD(params, lr=LEARNING_RATE, momentum=0.9),
@@ -205,6 +222,92 @@ def static_graph_with_unused_layer():
     return differing(model)
 
 
+class TwoTasks(nn.Module):
+    """A shared layer and one head per task: a batch of task "a" uses head_a only, of task "b" head_b only.
+    forward(x_a, x_b) runs both batches in one forward (the shared layer on the two batches at once)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.shared = nn.Linear(x.shape[1], 16)
+        self.head_a, self.head_b = nn.Linear(16, 1), nn.Linear(16, 1)
+
+    def forward(self, x_a, x_b=None, task="a"):
+        if x_b is None:
+            return (self.head_a if task == "a" else self.head_b)(torch.relu(self.shared(x_a)))
+        hidden = torch.relu(self.shared(torch.cat([x_a, x_b])))
+        return self.head_a(hidden[:len(x_a)]), self.head_b(hidden[len(x_a):])
+
+
+def two_forwards_one_backward():
+    """Two forwards (task a, then task b) before one backward of the summed loss, with several settings;
+    the fixes; and one backward per forward. Each variant trains 3 steps from the same start."""
+    half = len(x_local) // 2
+    (x_a, y_a), (x_b, y_b) = (x_local[:half], y_local[:half]), (x_local[half:], y_local[half:])
+
+    def two_forwards(model):
+        return F.mse_loss(model(x_a, task="a"), y_a) + F.mse_loss(model(x_b, task="b"), y_b)
+
+    def one_forward(model):
+        out_a, out_b = model(x_a, x_b)
+        return F.mse_loss(out_a, y_a) + F.mse_loss(out_b, y_b)
+
+    def no_sync_first(model):
+        with model.no_sync():
+            loss_a = F.mse_loss(model(x_a, task="a"), y_a)
+        return loss_a + F.mse_loss(model(x_b, task="b"), y_b)
+
+    variants = {"two forwards, find_unused_parameters=True": (two_forwards, {"find_unused_parameters": True}),
+                "no_sync() around the first forward, find_unused_parameters=True":
+                    (no_sync_first, {"find_unused_parameters": True}),
+                "one forward for both batches, find_unused_parameters=True":
+                    (one_forward, {"find_unused_parameters": True}),
+                "two forwards, static_graph=True": (two_forwards, {"static_graph": True}),
+                "two forwards, default settings": (two_forwards, {})}
+    results, weights = {}, {}
+    for name, (loss_of, options) in variants.items():
+        model = DDP(TwoTasks().to(device), **options)
+        optimizer = sgd(model.parameters())
+        try:
+            for _ in range(3):
+                optimizer.zero_grad()
+                loss_of(model).backward()
+                optimizer.step()
+            weights[name] = flat(model.module)
+            results[name] = {"error": None, "identical": differing(model)["identical"]}
+        except RuntimeError as error:
+            results[name] = {"error": str(error).split(". ")[0] + ".",
+                             "suggests_static_graph": "_set_static_graph()" in str(error)}
+    reference = weights["one forward for both batches, find_unused_parameters=True"]
+    for name in weights:
+        results[name]["max_diff_to_one_forward"] = (weights[name] - reference).abs().max().item()
+
+    # One backward per forward (TinyNet, default settings): the first backward completes DDP's reduction;
+    # the second adds this rank's own gradients on top, averaged with nothing. Then the first inside no_sync().
+    for way in ("two forwards, two backwards", "two forwards, two backwards, the first inside no_sync()"):
+        net = build_model(SEED).to(device)
+        model = DDP(net)
+        if way.endswith("no_sync()"):  # gradient accumulation: forward and backward of a inside no_sync()
+            with model.no_sync():
+                F.mse_loss(model(x_a), y_a).backward()
+            F.mse_loss(model(x_b), y_b).backward()
+        else:                          # both forwards first, then one backward per loss
+            loss_a, loss_b = F.mse_loss(model(x_a), y_a), F.mse_loss(model(x_b), y_b)
+            loss_a.backward()
+            loss_b.backward()
+        differ = []
+        for name, p in net.named_parameters():
+            gathered = [torch.zeros_like(p.grad) for _ in range(world_size)]
+            dist.all_gather(gathered, p.grad)
+            if not all(torch.equal(g, gathered[0]) for g in gathered):
+                differ.append(name)
+        results[way] = {"error": None, "gradients_differ_between_ranks": differ}
+    # where the search for unused parameters happens: after each forward, from that forward's outputs
+    results["post_forward_searches_its_outputs"] = (
+        "self.reducer.prepare_for_backward(list(_find_tensors(output)))" in inspect.getsource(DDP._post_forward))
+    return results
+
+
 def documented(option):
     """The first sentence of DDP's own documentation of `option` (the docstring of this torch version)."""
     return documentation(option).split(". ")[0] + "."
@@ -216,12 +319,16 @@ def documentation(option):
 
 report(grow_on_rank0_only=grow_on_rank0_only(),
        grow_without_rewrap=grow_without_rewrap(), grow_and_rewrap=grow_and_rewrap(),
+       rewrap_without_init_sync=rewrap_without_init_sync(),
        grow_keep_optimizer_state=grow_keep_optimizer_state(),
        unfreeze_after_wrapping=unfreeze_after_wrapping(), freeze_the_right_way=freeze_the_right_way(),
        freeze_with_find_unused=freeze_with_find_unused(),
        static_graph_with_unused_layer=static_graph_with_unused_layer(),
        static_graph_then_freeze=static_graph_then_freeze(),
+       two_forwards_one_backward=two_forwards_one_backward(),
        documented={option: documented(option) for option in ("find_unused_parameters", "static_graph")},
-       static_graph_skips_search="will not search graph in each iteration" in documentation("static_graph"))
+       static_graph_skips_search="will not search graph in each iteration" in documentation("static_graph"),
+       init_sync_warns="the user is required to ensure themselves that the weights are the same on all ranks"
+                       in documentation("init_sync"))
 if __name__ == "__main__":  # run alone; 03_all_demos.py runs it among other demos and ends the group itself
     dist.destroy_process_group()

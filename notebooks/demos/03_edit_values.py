@@ -124,8 +124,13 @@ def scenario_average_local_edits():
 
 
 def buffers_follow_rank0():
-    """Eval mode: DDP broadcasts rank 0's buffers before a forward, so an edit on rank 1 is overwritten."""
+    """Eval mode: DDP broadcasts rank 0's buffers before a forward, so an edit on rank 1 is overwritten.
+
+    Whether a forward broadcasts is decided by model.require_forward_param_sync, read before each forward:
+    the constructor sets it True; each forward sets it True with gradients enabled outside no_sync(),
+    False otherwise."""
     model, _ = fresh(batchnorm=True)
+    armed_by_constructor = model.require_forward_param_sync
     running_mean = model.module.norm.running_mean
     if rank == 1:
         with torch.no_grad():
@@ -136,11 +141,12 @@ def buffers_follow_rank0():
     after = summary(model)
     cleared = running_mean.abs().max().item()
     # A forward under no_grad switches the sync off for the NEXT forward (torch's will_sync_module_buffers).
-    synced = []
+    synced, flags = [], []
     for _ in range(2):
         if rank == 1:
             with torch.no_grad():
                 running_mean += EDIT
+        flags.append(model.require_forward_param_sync)
         with torch.no_grad():
             model(x_local)
         synced.append(compare_replicas(model).identical)
@@ -149,22 +155,28 @@ def buffers_follow_rank0():
     model, _ = fresh(batchnorm=True)
     model.eval()
     running_mean = model.module.norm.running_mean
-    synced_no_sync = []
+    synced_no_sync, flags_no_sync = [], []
     for inside_no_sync in (True, True, False, False):
         if rank == 1:
             with torch.no_grad():
                 running_mean += EDIT
+        flags_no_sync.append(model.require_forward_param_sync)
         with model.no_sync() if inside_no_sync else contextlib.nullcontext():
             F.mse_loss(model(x_local), y_local).backward()
         synced_no_sync.append(compare_replicas(model).identical)
     return {"before_forward": before, "after_forward": after, "running_mean_max": cleared,
-            "no_grad_forwards_synced": synced, "no_sync_forwards_synced": synced_no_sync}
+            "armed_by_constructor": armed_by_constructor,
+            "no_grad_forwards_synced": synced, "no_grad_flags_before": flags,
+            "no_sync_forwards_synced": synced_no_sync, "no_sync_flags_before": flags_no_sync}
 
 
 def buffer_sync_condition():
-    """The line of this torch's DDP._post_forward that arms the buffer sync for the next forward."""
-    return next(line.strip() for line in inspect.getsource(DDP._post_forward).splitlines()
-                if line.strip().startswith("if ") and "require_backward_grad_sync" in line)
+    """Where this torch's DDP sets and reads require_forward_param_sync: the line of _post_forward that sets it
+    True (else False), whether the constructor sets it True, and whether will_sync_module_buffers reads it."""
+    return {"post_forward": next(line.strip() for line in inspect.getsource(DDP._post_forward).splitlines()
+                                 if line.strip().startswith("if ") and "require_backward_grad_sync" in line),
+            "constructor_sets_true": "self.require_forward_param_sync = True" in inspect.getsource(DDP.__init__),
+            "will_sync_reads_it": "self.require_forward_param_sync" in inspect.getsource(DDP.will_sync_module_buffers)}
 
 
 def buffers_in_training():
