@@ -127,7 +127,7 @@ def dp_vs_ddp():
         parts.append(text(cx, cy + 10, "model, optimizer,", 11))
         parts.append(text(cx, cy + 25, "its own data", 11))
     parts += [text(680, 158, "ring all-reduce", 12, bold=True), text(680, 174, "of the gradients", 11),
-              text(680, 280, "each rank sends 2(N-1)/N x P per step,", 12),
+              text(680, 280, "each rank sends and receives 2(N-1)/N x P per step,", 12),
               text(680, 298, "during backward; every rank does the same work", 12)]
     parts.append("<line x1='450' y1='10' x2='450' y2='305' stroke='#bbb' stroke-dasharray='4 4'/>")
     return svg(900, 312, "".join(parts))
@@ -143,7 +143,7 @@ def ddp_registration():
              box(390, 40, 330, 34, "every training step", fill="#eef7ee", bold=True),
              text(400, 96, "forward: broadcasts rank 0's buffers (by default)", 12, anchor="start"),
              text(400, 116, "backward: averages the gradients of the", 12, anchor="start"),
-             text(400, 134, "registered parameters, and waits for all of them", 12, anchor="start"),
+             text(400, 134, "registered parameters, bucket by bucket", 12, anchor="start"),
              arrow(350, 57, 388, 57),
              box(20, 156, 700, 34, "after construction, DDP never looks again at", fill="#fdecea", stroke="#C44E52", bold=True),
              text(30, 212, "a value edited on one rank: never re-synced", 12, anchor="start"),
