@@ -56,10 +56,29 @@ def test_lab06_tied_weight_counted_twice(report):
     assert "never launched" in failure.detail and "tied" in failure.detail
 
 
-@wrong_version(LAB, ("if self.pending[i] == 0:", "if self.pending[i] == 1:  # one early"), nproc=1)
+FLATTEN = "        self.flat[i] = torch._utils._flatten_dense_tensors([p.grad for p in self.buckets[i]])\n"
+
+
+@wrong_version(LAB, ("if self.pending[i] == 0:", "if self.pending[i] == 1:  # one early"),
+               (FLATTEN, "        self.flat[i] = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])\n"), nproc=1)
 def test_lab06_bucket_launched_before_its_gradients_are_ready(report):
+    # the learner's likely flatten (torch.cat of reshapes) meets the missing gradient as an AttributeError
     (failure,) = report.failures
     assert "launched before all its gradients were ready" in failure.detail
+
+
+def test_lab06_a_missing_gradient_is_explained_whichever_flatten_met_it():
+    from types import SimpleNamespace
+
+    from ddpcourse.checks import lab06
+    from ddpcourse.diagnosis import EXCEPTION_KIND
+
+    for error in ("AttributeError: 'NoneType' object has no attribute 'reshape'",
+                  "TypeError: expected Tensor as element 8 in argument 0, but got NoneType"):
+        run = SimpleNamespace(failure=SimpleNamespace(kind=EXCEPTION_KIND, error=error))
+        assert "launched before all its gradients were ready" in lab06.explain_failure(run)
+    run = SimpleNamespace(failure=SimpleNamespace(kind=EXCEPTION_KIND, error="TypeError: something else"))
+    assert lab06.explain_failure(run) == ""
 
 
 @wrong_version(LAB, (LAUNCH, LAUNCH + "        self.works[i].get_future().wait()  # blocks through the future\n"),

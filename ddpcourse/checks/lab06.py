@@ -182,7 +182,8 @@ def explain_failure(run):
                 "never reached 0 (is a parameter counted twice, or in two buckets? A weight shared by two layers "
                 "(tied) is one tensor with one gradient: model.parameters() lists it once; walking the layers lists "
                 "it twice); or its all_reduce ran without async_op=True, which blocks and returns None")
-    if error.startswith("AttributeError: 'NoneType' object has no attribute"):
+    if error.startswith("AttributeError: 'NoneType' object has no attribute") or (
+            error.startswith("TypeError: expected Tensor as element") and error.endswith("but got NoneType")):
         return ("a gradient was still None when its bucket was flattened: the bucket was launched before all its "
                 "gradients were ready; launch it when its count of pending gradients reaches 0")
     return ""
