@@ -11,7 +11,7 @@ import pytest
 
 from ddpcourse.__main__ import main
 from ddpcourse.makelabs import make_lab, make_labs
-from ddpcourse.paths import COURSE_ROOT, resolve_lab, solution_of
+from ddpcourse.paths import COURSE_ROOT, lab_files, resolve_lab, solution_of
 from ddpcourse.progress import (CHECK_FAILS, MISSING, NO_COMPILE, NOT_STARTED, PASSES, TODOS_OPEN, UnknownLab,
                                 collect_status, format_status, reset, solution_files)
 from ddpcourse.todos import open_todos, reveal_hint, solution_regions
@@ -175,17 +175,22 @@ def test_reset_of_an_untouched_or_missing_lab(tmp_path):
     assert (labs / SOLUTIONS["04"].name).read_text() == generated("04")
 
 
+# The course's labs as the solutions folder holds them (lab 06 included), and the first number after them.
+LAB_LIST = ", ".join(path.name[:2] for path in lab_files(COURSE_ROOT / "solutions"))
+NO_SUCH_LAB = f"{int(LAB_LIST[-2:]) + 1:02d}"
+
+
 @pytest.mark.parametrize("lab, message", [
-    ("07", "there is no lab 07; the labs are 00, 01, 02, 03, 04, 05"),
-    ("abc", "'abc' is not a lab number; the labs are 00, 01, 02, 03, 04, 05"),
-    ("00_wrong_name", "lab 00 is 00_first_collectives, not 00_wrong_name"),
+    (NO_SUCH_LAB, f"there is no lab {NO_SUCH_LAB}; the labs are {LAB_LIST}\n"),
+    ("abc", f"'abc' is not a lab number; the labs are {LAB_LIST} (e.g. `python -m ddpcourse reset 00`)\n"),
+    ("00_wrong_name", f"lab 00 is 00_first_collectives, not 00_wrong_name; the labs are {LAB_LIST}\n"),
 ])
 def test_reset_refuses_unknown_labs_clearly(tmp_path, capsys, lab, message):
     labs = fresh_labs(tmp_path)
     before = {p.name: p.read_text() for p in labs.iterdir()}
     assert main(["reset", lab, "--labs", str(labs)]) == 2
     captured = capsys.readouterr()
-    assert message in captured.err and captured.out == ""
+    assert captured.err.endswith(message) and captured.out == ""  # the whole list of labs, none left out
     assert {p.name: p.read_text() for p in labs.iterdir()} == before
 
 
