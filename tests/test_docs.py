@@ -80,7 +80,8 @@ def time_table():
 def test_time_table_blocks_add_up_and_readme_shows_the_same_blocks():
     table = time_table()
     notebooks = sorted(path.name[:2] for path in (COURSE_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    assert set(notebooks) <= set(table)  # every module on main is planned (06 may still be on its branch)
+    # every notebook is planned, and every planned module has its notebook
+    assert set(notebooks) == set(table), f"notebooks {sorted(notebooks)}, time table {sorted(table)}"
     for module, (_, _, parts, block) in table.items():
         assert parts == block, f"module {module}: its parts add up to {parts} min, its block says {block}"
         readme_row = re.search(r"^\| \[notebooks/%s_.*\| (\d+) min \(cells run" % module, README, re.M)
@@ -116,8 +117,7 @@ def test_demo_counts_and_predict_budgets_match_the_notebooks():
     for module, (n_demos, votes, _, _) in time_table().items():
         assert sum(row[0] == module for row in demos) == n_demos, f"module {module}: demo table vs time table"
         notebook = next((COURSE_ROOT / "notebooks").glob(f"{module}_*.ipynb"), None)
-        if notebook is None:
-            continue  # 06 before its branch is merged
+        assert notebook is not None, f"module {module} is in the time table but notebooks/ has no {module}_*.ipynb"
         cells = json.loads(notebook.read_text())["cells"]
         asked = sum(len(re.findall(r"^\s*predict\(", "".join(c["source"]), re.M)) for c in cells
                     if c["cell_type"] == "code")
@@ -198,13 +198,14 @@ def allreduce_on_two_threads(op, values):
         thread.start()
     for thread in threads:
         thread.join(timeout=30)
+    assert sorted(results) == [0, 1], f"an all_reduce did not finish within 30 s: only ranks {sorted(results)} returned"
     return results
 
 
 def test_reduce_op_avg_works_on_gloo_for_floats_only():
     assert allreduce_on_two_threads(dist.ReduceOp.AVG, [1.0, 4.0]) == {0: 2.5, 1: 2.5}
     integers = allreduce_on_two_threads(dist.ReduceOp.AVG, [1, 4])
-    assert all(isinstance(result, RuntimeError) for result in integers.values())
+    assert len(integers) == 2 and all(isinstance(result, RuntimeError) for result in integers.values()), integers
     assert "with gloo only in recent releases" in CHEATSHEET and "float tensors" in CHEATSHEET
 
 
@@ -256,17 +257,20 @@ def test_plain_torchrun_advertises_getfqdn_unless_local_addr(monkeypatch):
 
 
 def test_pip_behind_a_proxy_it_cannot_reach(tmp_path):
+    from ddpcourse.doctor import pins
+
+    psutil = f"psutil=={pins()['psutil']}"  # a package the course pins (requirements.txt)
     with socket.socket() as closed:  # a loopback port where nothing listens: a proxy that is not there
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
     result = subprocess.run(
         [sys.executable, "-m", "pip", "--isolated", "download", "--no-deps", "--retries", "1", "--timeout", "2",
-         "--proxy", f"http://127.0.0.1:{port}", "-d", str(tmp_path), "psutil==7.2.2"],
+         "--proxy", f"http://127.0.0.1:{port}", "-d", str(tmp_path), psutil],
         capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "after connection broken by 'ProxyError('Cannot connect to proxy.'" in result.stderr
     assert "[Errno 111] Connection refused" in result.stderr
-    assert "No matching distribution found for psutil==7.2.2" in result.stderr
+    assert f"No matching distribution found for {psutil}" in result.stderr
     assert "after connection broken by 'ProxyError('Cannot connect to proxy.', NewConnectionError(" in TROUBLESHOOTING
 
 
@@ -282,7 +286,11 @@ def test_a_kernel_without_the_course_environment(tmp_path):
 def test_the_widget_extension_comes_with_the_pinned_install():
     from importlib.metadata import files, version
 
-    assert version("ipywidgets") == "8.1.9"
+    from ddpcourse.doctor import pins
+
+    pinned = pins()["ipywidgets"]  # requirements.txt
+    assert version("ipywidgets") == pinned
+    assert f"install `ipywidgets=={pinned}`" in TROUBLESHOOTING  # the row names the pinned version
     shipped = [str(path) for path in files("jupyterlab_widgets")]
     assert any(path.endswith("labextensions/@jupyter-widgets/jupyterlab-manager/package.json") for path in shipped)
     assert "`@jupyter-widgets/jupyterlab-manager`" in TROUBLESHOOTING
