@@ -1,10 +1,10 @@
 """The install: pinned versions agree everywhere, and the README's commands are the ones CI runs."""
+import ast
 import importlib
 import re
 import subprocess
 import sys
 
-import pytest
 
 from ddpcourse.__main__ import main as ddpcourse_main
 from ddpcourse.doctor import KERNEL_PACKAGES, check_environment, format_report, pins
@@ -29,11 +29,72 @@ def test_torch_is_pinned_exactly_so_no_newer_cuda_build_is_pulled():
     assert re.search(rf"^\s*torch=={re.escape(pins()['torch'])}\s*$", (COURSE_ROOT / "requirements.txt").read_text(), re.M)
 
 
+PYPROJECT = (COURSE_ROOT / "pyproject.toml").read_text()
+
+
+def toml_library():
+    """tomllib (Python 3.11+), else tomli when installed, else None (Python 3.10: read_simple_toml)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            return None
+    return tomllib
+
+
+STRING_OR_COMMENT = re.compile(r'("(?:[^"\\]|\\.)*"|\'[^\']*\')|#.*')
+
+
+def read_simple_toml(text):
+    """The subset of TOML that pyproject.toml uses, for Python 3.10 without tomli: [tables] and [dotted.tables],
+    `key = value` with strings, numbers and (multi-line) arrays of them, comments. Anything else is an error,
+    never a silent skip."""
+    data, table, pending = {}, None, ""
+    for line in text.splitlines():
+        line = STRING_OR_COMMENT.sub(lambda m: m.group(1) or "", line).strip()
+        if not line:
+            continue
+        header = re.fullmatch(r"\[([A-Za-z0-9_.-]+)\]", line)
+        if header and not pending:
+            table = data
+            for part in header.group(1).split("."):
+                table = table.setdefault(part, {})
+            continue
+        pending += " " + line
+        unquoted = STRING_OR_COMMENT.sub("", pending)
+        if unquoted.count("[") > unquoted.count("]"):
+            continue  # an array that goes on over the next lines
+        key, value = (part.strip() for part in pending.split("=", 1))
+        assert re.fullmatch(r"[A-Za-z0-9_-]+", key) and table is not None, f"not simple TOML: {pending!r}"
+        table[key] = ast.literal_eval(value)
+        pending = ""
+    assert not pending, f"unfinished TOML value: {pending!r}"
+    return data
+
+
+def pyproject():
+    library = toml_library()
+    return library.loads(PYPROJECT) if library else read_simple_toml(PYPROJECT)
+
+
+def test_the_python_3_10_toml_reader_reads_pyproject_as_tomllib_does():
+    """The fallback is checked against a real TOML parser wherever one exists (Python 3.11+ always has it)."""
+    project = read_simple_toml(PYPROJECT)["project"]
+    assert project["dependencies"] and project["optional-dependencies"] and project["scripts"]
+    library = toml_library()
+    if library is not None:
+        assert read_simple_toml(PYPROJECT) == library.loads(PYPROJECT)
+    else:  # Python 3.10 without tomli: no reference parser, so at least the reader's own rules on a sample
+        sample = '[a]\nx = "1 # not a comment" # a comment\n[a.b]\ny = [\n  "p",  # one\n  "q",\n]\n'
+        assert read_simple_toml(sample) == {"a": {"x": "1 # not a comment", "b": {"y": ["p", "q"]}}}
+
+
 def test_pyproject_declares_supported_ranges_that_hold_every_pin_and_the_cli_script():
     from packaging.requirements import Requirement
 
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    project = tomllib.loads((COURSE_ROOT / "pyproject.toml").read_text())["project"]
+    project = pyproject()["project"]  # tomllib, tomli or the Python 3.10 reader: never skipped
     declared = [Requirement(text) for text in project["dependencies"]]
     declared += [Requirement(text) for group in project["optional-dependencies"].values() for text in group]
     ranges = {req.name.lower(): req.specifier for req in declared}
