@@ -5,7 +5,6 @@ import re
 import subprocess
 import sys
 
-
 from ddpcourse.__main__ import main as ddpcourse_main
 from ddpcourse.doctor import KERNEL_PACKAGES, check_environment, format_report, pins
 from ddpcourse.paths import COURSE_ROOT, lab_files
