@@ -16,7 +16,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 from nbval.plugin import coalesce_streams, find_comment_markers, get_sanitize_patterns
 
 from ddpcourse import notebooks as nbfiles
-from ddpcourse.paths import COURSE_ROOT
+from ddpcourse.paths import COURSE_ROOT, lab_files
 from ddpcourse.quiz import ANSWERS_FOLDER, plain_text
 
 NOTEBOOKS = nbfiles.notebook_files()
@@ -37,8 +37,12 @@ def python_of(cell):
     return TransformerManager().transform_cell(cell.source)
 
 
-def test_there_are_notebooks():
-    assert len(NOTEBOOKS) >= 6 and all(re.match(r"\d\d_", p.name) for p in NOTEBOOKS)
+def test_there_is_one_notebook_per_lab():
+    """The parametrized tests below run over NOTEBOOKS: it must hold every module's notebook, one per lab."""
+    numbers = [p.name[:2] for p in NOTEBOOKS]
+    labs = [p.name[:2] for p in lab_files(COURSE_ROOT / "solutions")]
+    assert numbers == labs, f"notebooks {numbers}, labs {labs}"
+    assert NOTEBOOKS == sorted((COURSE_ROOT / "notebooks").glob("*.ipynb"))  # none left out by the pattern
 
 
 # --- clean/ copies -------------------------------------------------------------------------------------------
