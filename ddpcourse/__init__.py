@@ -24,9 +24,9 @@ def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_
     from ddpcourse.todos import todo_status
 
     path = resolve_lab(lab)
-    untouched = todo_status(path)
-    if untouched.generated and untouched.todos:
-        message = untouched.describe()
+    todos = todo_status(path)
+    if todos.untouched:
+        message = todos.describe()
         if show != "none":
             print(message, flush=True)
         return RunResult(file=str(path), nproc=nproc, returncode=1, duration=0.0, nnodes=nnodes,

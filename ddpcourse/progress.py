@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ddpcourse.launcher import DEFAULT_TIMEOUT
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files, lab_spelling
-from ddpcourse.todos import open_todos, same_text, todo_status
+from ddpcourse.todos import generated_text, open_todos, same_text, todo_status
 
 STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
 NOT_STARTED, TODOS_OPEN, NO_COMPILE, CHECK_FAILS, PASSES, MISSING = (
@@ -75,12 +75,6 @@ def solution_files(solutions_dir=None):
     return {path.name[:2]: path for path in lab_files(folder)}
 
 
-def generated_text(solution):
-    from ddpcourse.makelabs import make_lab
-
-    return make_lab(Path(solution).read_text(encoding="utf-8"), Path(solution).name)
-
-
 def _todo_list(numbers):
     return ", ".join(map(str, numbers))
 
@@ -95,7 +89,7 @@ def lab_status(path, solution, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=
         return row
     todos = todo_status(path)
     row.todos = todos.numbers
-    if todos.generated:
+    if todos.untouched:
         row.state, row.detail = NOT_STARTED, f"{len(row.todos)} TODOs: start with TODO {row.todos[0]}" if row.todos else ""
         return row
     syntax = compile_error(path)
@@ -104,7 +98,7 @@ def lab_status(path, solution, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=
         where = f"line {syntax.lineno}: {syntax.msg}" if isinstance(syntax, SyntaxError) else str(syntax)
         row.detail = where + (f"; TODOs still open: {_todo_list(row.todos)}" if row.todos else "")
         return row
-    if row.todos:
+    if not todos.done:
         first, hint, _ = todos.todos[0]
         row.state = TODOS_OPEN
         row.detail = f"open: TODO {_todo_list(row.todos)}; next: TODO {first}: {hint}"
@@ -174,11 +168,11 @@ def room_line(labs=None, solutions=None):
             state = "missing"
         else:
             todos = todo_status(path)
-            if todos.generated:
+            if todos.untouched:
                 state = "new"
             elif compile_error(path):
                 state = "syntax"
-            elif todos.todos:
+            elif not todos.done:
                 state = "todo" + ",".join(map(str, todos.numbers))
             else:
                 state = "pass" if passed_before(path) else "edited"

@@ -1,5 +1,7 @@
-"""The TODO and HINT format of the labs, in one place: make-labs writes it, the worker, ``check``,
-``status`` and ``hint`` read it.
+"""The TODO and HINT format of the labs, in one place: this module writes a lab's text (``make_lab``; the
+``make-labs`` command only writes the files), parses the solutions' regions, counts a lab's open TODOs and
+decides whether a lab is untouched (exactly as generated), has open TODOs, or is done (``TodoStatus``).
+The worker, ``check``, ``run_lab``, ``status``, ``reset`` and ``hint`` ask it; none of them parses the format.
 
 Introduced in notebooks/00_start_here.ipynb ("How the labs are made"). In ``solutions/NN_name.py`` a region
 
@@ -24,6 +26,8 @@ import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ddpcourse.paths import display_path, lab_number, resolve_lab, solution_of
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 HINT = re.compile(r"^### HINT(?: (\d))?:\s*(.*)$")  # "### HINT:" (no level) counts as level 1
@@ -111,6 +115,34 @@ def parse_regions(source, name="solution"):
     return regions, outside
 
 
+# ----------------------------------------------------------------------------- writing a lab
+BANNER = """\
+# =====================================================================================================
+# Lab {number}, learner copy: fill in every TODO, then check your work with
+#     python -m ddpcourse check labs/{name}
+# Stuck on a TODO? `python -m ddpcourse hint {number}` shows the next hint, one level at a time.
+# Generated from solutions/{name} by `python -m ddpcourse make-labs`; course authors edit that file.
+# =====================================================================================================
+"""
+
+
+def make_lab(source, name):
+    """The learner text for one solution file's text: the banner, then every region as its TODO (hint 1)."""
+    regions, pieces = parse_regions(source, name)
+    if not regions:
+        raise MarkerError(f"{name}: no {BEGIN} region, so the lab would have nothing to do")
+    body = "".join(todo_lines(p.number, p.hint(1, name), p.indent) if isinstance(p, Region) else p
+                   for p in pieces)
+    return BANNER.format(number=lab_number(name) or "?", name=name) + body
+
+
+def generated_text(solution):
+    """The learner text of the solution file ``solution``: what make-labs writes and reset restores."""
+    solution = Path(solution)
+    return make_lab(solution.read_text(encoding="utf-8"), solution.name)
+
+
+# ----------------------------------------------------------------------------- reading a learner's lab
 def todo_in_message(message):
     """(k, hint) when ``message`` (a NotImplementedError's text) is an unfinished TODO k, else None.
 
@@ -192,22 +224,34 @@ def current_hint(lab_path, solution, number):
 # ----------------------------------------------------------------------------- a lab's TODO status
 @dataclass
 class TodoStatus:
-    """What a learner's lab file still has to do, read from the file (nothing is launched)."""
+    """What a learner's lab file still has to do, read from the file (nothing is launched).
+
+    The one place that decides a lab's stage: ``untouched`` (exactly as generated: run_lab does not launch
+    it, status says "not started"), open TODOs (``todos``: check does not launch it), or ``done`` (every
+    TODO replaced: only the lab's check can judge it)."""
     path: Path
     solution: Path = None
     todos: list = field(default_factory=list)  # [(k, hint at the level revealed so far, line)]
-    generated: bool = False                     # still exactly what make-labs wrote
+    generated: bool = False                     # the text equals what make-labs writes (line endings aside)
 
     @property
     def numbers(self):
         return [k for k, _, _ in self.todos]
 
+    @property
+    def untouched(self):
+        """Exactly as make-labs generated it, so every TODO is open (a generated lab has at least one)."""
+        return self.generated and bool(self.todos)
+
+    @property
+    def done(self):
+        """No open TODO left (whether the code is right is the check's question)."""
+        return not self.todos
+
     def describe(self):
         """Which TODOs are open and the next one's hint: what check_lab and run_lab print instead of running."""
-        from ddpcourse.paths import display_path, lab_number
-
         shown, number = display_path(self.path), lab_number(self.path)
-        state = "is not started yet" if self.generated else "has open TODOs"
+        state = "is not started yet" if self.untouched else "has open TODOs"
         plural = "s" if len(self.todos) > 1 else ""
         k, hint, line = self.todos[0]
         return (f"{shown} {state} (TODO{plural} {', '.join(map(str, self.numbers))}), so nothing was run.\n"
@@ -218,9 +262,6 @@ class TodoStatus:
 
 def todo_status(path):
     """The TodoStatus of the lab file ``path`` (its TODOs are counted even for a file of no course lab)."""
-    from ddpcourse.makelabs import make_lab
-    from ddpcourse.paths import solution_of
-
     path = Path(path)
     text = path.read_text(encoding="utf-8", errors="replace")
     solution = solution_of(path)
@@ -231,7 +272,7 @@ def todo_status(path):
         status.todos.append((k, hint, todo_line(text, k)))
     if solution is not None:
         try:
-            expected = make_lab(solution.read_text(encoding="utf-8"), solution.name)
+            expected = generated_text(solution)
         except MarkerError:
             expected = None
         status.generated = expected is not None and same_text(text, expected)
@@ -247,8 +288,6 @@ def same_text(a, b):
 def reveal_hint(lab, number=None):
     """Reveal one more hint level of TODO ``number`` (default: the lab's first open TODO) and return the
     text to show: every level seen so far. ``lab``: a number such as "00" or a lab file."""
-    from ddpcourse.paths import display_path, lab_number, resolve_lab, solution_of
-
     path = resolve_lab(lab)
     ident = lab_number(path)
     solution = solution_of(path)

@@ -139,7 +139,7 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     report = CheckReport(str(path))
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
     unfinished = todo_status(path)
-    if unfinished.todos:
+    if not unfinished.done:
         report.todos = unfinished.numbers
         report.results.append(Check("every TODO is done", False, unfinished.describe().splitlines()[0]))
         say(unfinished.describe())
