@@ -90,7 +90,7 @@ def lab_status(path, solution, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=
     todos = todo_status(path)
     row.todos = todos.numbers
     if todos.untouched:
-        row.state, row.detail = NOT_STARTED, f"{len(row.todos)} TODOs: start with TODO {row.todos[0]}" if row.todos else ""
+        row.state, row.detail = NOT_STARTED, f"{len(row.todos)} TODOs: start with TODO {row.todos[0]}"
         return row
     syntax = compile_error(path)
     if syntax:
