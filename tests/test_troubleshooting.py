@@ -1,21 +1,25 @@
-"""docs/troubleshooting.md, row by row: each failure that can happen on this machine is reproduced here,
-with the error text a learner sees, and then the fix is shown to work.
+"""docs/troubleshooting.md, row by row: every row marked **tested** has its test (TESTS below, keyed by a
+phrase of the row's symptom; a tested row without one fails), and each test here reads its row and checks
+the row's text against what it reproduces, so that a changed row, or a changed torch, fails its test.
 
 Launches are expensive (every rank imports torch), so the rows share them:
 - one plain Python process (no torchrun) tries the init methods: a port already in use, a host name
   that does not resolve, and their fixes; it also reports torch's thread count outside any launcher;
-- two plain torchrun runs: a --master-port that is already taken, then --standalone with that port
-  still taken (the fix); the second one also shows what torchrun does about OMP_NUM_THREADS and
-  what torch 2.13 prints (nothing) when a gloo script ends without destroy_process_group();
-- three runs of one script through the course's launcher: a mismatched collective (a hang, stopped by
-  the launcher's timeout with each rank's stack), a rank that dies, and the fixed script, which also
-  reports OMP_NUM_THREADS and torch.get_num_threads() inside a rank;
-- no launch at all: torch.distributed.launch's extra --local-rank argument (from its parser and torchrun's
-  config), and what torchrun reports for a worker that left no error file (no @record).
+- three plain torchrun runs: a --master-port that is already taken (1 rank, fails at once), then
+  --standalone with that port still taken (the fix), with destroy_process_group(), and --standalone once
+  more (1 rank) without the call: the two finishing runs are compared (the process group still open when
+  the interpreter shuts down, or not);
+- two runs of one script through the course's launcher: a mismatched collective (a hang, stopped by the
+  launcher's timeout with each rank's stack; the same run shows the OMP_NUM_THREADS the launcher gives each
+  rank) and a rank that dies;
+- no launch at all: USE_LIBUV as torch reads it, torch.distributed.launch's extra --local-rank argument
+  (from its parser and torchrun's config), and what torchrun reports for a worker that left no error file (no @record).
 """
+import ast
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -25,12 +29,92 @@ import time
 import pytest
 
 from ddpcourse.doctor import check_environment, format_report
+from ddpcourse import launcher
 from ddpcourse.launcher import STARTUP_TIMEOUT, processes_of_run, run, threads_per_rank
 from ddpcourse.makelabs import make_labs
 from ddpcourse.paths import COURSE_ROOT
 from ddpcourse.progress import collect_status
 
-CORES = os.cpu_count() or 1
+DOC = COURSE_ROOT / "docs" / "troubleshooting.md"
+
+
+def doc_rows():
+    """[symptom, cause, fix] of every row of the doc's tables (header and separator rows left out); an
+    escaped pipe (`\\|`) inside a cell is a pipe."""
+    rows = []
+    for line in DOC.read_text().splitlines():
+        if not line.startswith("|"):
+            continue
+        cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+        if cells[0].startswith("symptom") or set("".join(cells)) <= set("-: "):
+            continue
+        assert len(cells) == 3, f"a row of docs/troubleshooting.md without 3 cells: {line[:80]}"
+        rows.append(cells)
+    return rows
+
+
+def row(key):
+    """The whole text of the one row whose symptom contains ``key``."""
+    found = [" | ".join(cells) for cells in doc_rows() if key in cells[0]]
+    assert len(found) == 1, f"{len(found)} rows of docs/troubleshooting.md have {key!r} in their symptom"
+    return found[0]
+
+
+# Each row that tests something, by a phrase of its symptom: its tests, here (a name) or in another file
+# (tests/FILE.py::name). Rows marked **tested** must all be here; each test must exist.
+TESTS = {
+    "ProxyError('Cannot connect to proxy.'": ["tests/test_docs.py::test_pip_behind_a_proxy_it_cannot_reach"],
+    "No module named 'ddpcourse'": ["tests/test_docs.py::test_a_kernel_without_the_course_environment"],
+    "a Predict or progress cell shows only text": [
+        "tests/test_docs.py::test_the_widget_extension_comes_with_the_pinned_install"],
+    "name: EADDRINUSE, message: address already in use": [
+        "test_port_already_in_use_then_a_free_port", "test_torchrun_on_a_port_in_use_then_standalone"],
+    "The IPv6 network addresses of (no-such-host.invalid, 29500)": [
+        "test_host_name_that_does_not_resolve_then_loopback"],
+    "the doctor's `localhost` line is red": ["test_doctor_red_localhost_line_and_its_fix"],
+    "environment variable RANK expected, but not set": [
+        "tests/test_docs.py::test_a_script_started_without_a_launcher_needs_rank"],
+    "plain `torchrun` (not the course's launcher) on macOS or on a VPN": [
+        "tests/test_docs.py::test_plain_torchrun_advertises_getfqdn_unless_local_addr"],
+    "Do you want the application": [
+        "tests/test_launcher.py::test_two_runs_at_once_report_per_rank_and_list_their_sockets"],
+    "use_libuv was requested but PyTorch was built without libuv support": [
+        "test_use_libuv_0_is_read_by_torchs_stores"],
+    "The module torch.distributed.launch is deprecated": [
+        "test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects"],
+    "did not finish in T s; all its processes were killed": [
+        "test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack"],
+    "the ranks did not start within 120 s": [
+        "tests/test_launcher.py::test_a_start_up_timeout_says_the_ranks_did_not_start"],
+    "exited with code 3 without a Python exception": ["test_a_rank_that_dies_is_named"],
+    "training with N ranks is much slower than expected": [
+        "test_threads_outside_any_launcher_use_more_than_cores_per_rank",
+        "test_torchrun_sets_omp_num_threads_to_1_and_says_so",
+        "test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack",
+        "tests/test_launcher.py::test_threads_divide_the_usable_cores_unless_the_user_chose"],
+    "is not done yet (line L)": ["test_todos_one_at_a_time_versus_status"],
+    "Root Cause (first observed failure)": ["test_torchrun_without_record_reports_no_traceback"],
+    "terminate called without an active exception": ["test_destroy_process_group_leaves_no_group_open_at_exit"],
+    "ended with its process group open": ["tests/test_launcher.py::test_a_process_group_left_open_fails_the_run"],
+}
+
+
+def test_every_tested_row_has_its_tests_and_every_test_exists():
+    symptoms = [cells[0] for cells in doc_rows()]
+    for key in TESTS:
+        assert sum(key in symptom for symptom in symptoms) == 1, f"no single row of the doc has {key!r}: update TESTS"
+    untested = [symptom[:90] for symptom, *_ in doc_rows()
+                if "**tested**" in " ".join([symptom, *_]) and not any(key in symptom for key in TESTS)]
+    assert not untested, f"rows marked **tested** without a test in TESTS: {untested}"
+    for tests in TESTS.values():
+        for test in tests:
+            path, _, name = test.rpartition("::")
+            source = (COURSE_ROOT / (path or "tests/test_troubleshooting.py")).read_text()
+            assert name in {node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}, test
+    for cells in doc_rows():  # a test a row names must exist too (in the file it names, else in tests/)
+        for path, name in re.findall(r"`(?:(tests/\w+\.py)::)?(test_\w+)`", " ".join(cells)):
+            files = [COURSE_ROOT / path] if path else sorted((COURSE_ROOT / "tests").glob("test_*.py"))
+            assert any(f"def {name}(" in file.read_text() for file in files), f"the doc names {path}::{name}: none"
 
 
 def clean_env(**extra):
@@ -102,11 +186,19 @@ def init_methods(tmp_path_factory):
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
+def as_in_the_doc(text, port):
+    """An error text as the doc shows it: torch's default port 29500 for the port of this run."""
+    return text.replace(f"port: {port},", "port: 29500,").replace(f", {port})", ", 29500)")
+
+
 def test_port_already_in_use_then_a_free_port(init_methods):
     facts, _ = init_methods
     assert facts["port_in_use"].startswith(
         "DistNetworkError: The server socket has failed to listen on any local network address."), facts
-    assert "name: EADDRINUSE, message: address already in use" in facts["port_in_use"]
+    port = int(re.search(r"port: (\d+),", facts["port_in_use"]).group(1))
+    text = as_in_the_doc(facts["port_in_use"].removeprefix("DistNetworkError: "), port)
+    symptom = row("name: EADDRINUSE, message: address already in use")
+    assert text in symptom and 'init_method="tcp://...:PORT"' in symptom  # the text, from tcp:// as the row says
     assert facts["free_port"] == "ok"  # the fix
 
 
@@ -114,21 +206,30 @@ def test_host_name_that_does_not_resolve_then_loopback(init_methods):
     facts, stderr = init_methods
     assert facts["bad_host"].startswith("DistNetworkError: The client socket has timed out after 1000ms "
                                         "while trying to connect to (no-such-host.invalid, "), facts
-    assert "The IPv6 network addresses of (no-such-host.invalid, " in stderr  # the warnings while it retries
-    assert "cannot be retrieved (gai error:" in stderr
-    assert facts["loopback"] == "ok"  # the fix: MASTER_ADDR=127.0.0.1
+    port = int(re.search(r"\(no-such-host\.invalid, (\d+)\)", facts["bad_host"]).group(1))
+    warning = re.search(r"\[c10d\] The IPv6 network addresses of \(no-such-host\.invalid, \d+\) cannot be "
+                        r"retrieved \(gai error: [^)]*\)", stderr)  # the warnings while it retries
+    assert warning, stderr[-2000:]
+    text = row("The IPv6 network addresses of (no-such-host.invalid, 29500)")
+    assert f"`{as_in_the_doc(warning.group(0), port)}`" in text
+    assert as_in_the_doc(facts["bad_host"], port).replace("1000ms", "...ms") in text
+    assert facts["loopback"] == "ok" and "`MASTER_ADDR=127.0.0.1`" in text  # the fix
 
 
 # ----------------------------------------------------------------------------- plain torchrun
 FINISHES = """
-    import os, torch, torch.distributed as dist
+    import atexit, os, torch, torch.distributed as dist
     dist.init_process_group("gloo")
+    rank = dist.get_rank()
     total = torch.ones(1)
     dist.all_reduce(total)
-    print(f"rank {dist.get_rank()}: sum {total.item():g}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+    print(f"rank {rank}: sum {total.item():g}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
           f"torch threads {torch.get_num_threads()}", flush=True)
-    # the fix for the intermittent abort at exit: leave the process group before the process ends
-    dist.destroy_process_group()
+    # after the script's last line, before the interpreter's shutdown (where the abort happens)
+    atexit.register(lambda: print(f"rank {rank}: group open at exit: {dist.is_initialized()}", flush=True))
+    if os.environ.get("DESTROY", "1") == "1":
+        # the fix for the intermittent abort at exit: leave the process group before the process ends
+        dist.destroy_process_group()
     """
 
 
@@ -141,48 +242,73 @@ def torchrun(tmp_path, *options, env=None):
 
 @pytest.fixture(scope="module")
 def torchrun_runs(tmp_path_factory):
-    """torchrun with a --master-port someone holds, then --standalone while it is still held."""
+    """torchrun with a --master-port someone holds, then --standalone while it is still held (the script
+    calls destroy_process_group()), then --standalone without the call (1 rank: the comparison)."""
     tmp_path = tmp_path_factory.mktemp("torchrun")
     sock, port = held_port()
     try:
         taken = torchrun(tmp_path, "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port))
-        standalone = torchrun(tmp_path, "--standalone", "--nproc-per-node", "2", env=clean_env(USE_LIBUV="0"))
+        standalone = torchrun(tmp_path, "--standalone", "--nproc-per-node", "2")
     finally:
         sock.close()
-    return taken, standalone, port
+    left_open = torchrun(tmp_path, "--standalone", "--nproc-per-node", "1", env=clean_env(DESTROY="0"))
+    return taken, standalone, port, left_open
 
 
 def test_torchrun_on_a_port_in_use_then_standalone(torchrun_runs):
-    taken, standalone, port = torchrun_runs
+    taken, standalone, port, _ = torchrun_runs
     assert taken.returncode == 1
-    assert (f"torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
-            f"address. port: {port}, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"
-            ) in taken.stderr
+    error = re.search(r"torch\.distributed\.DistNetworkError: The server socket has failed to listen on any "
+                      r"local network address\. port: \d+, [^\n]*address already in use", taken.stderr)
+    assert error and f"port: {port}," in error.group(0), taken.stderr[-2000:]
+    text = row("name: EADDRINUSE, message: address already in use")
+    assert f"`{as_in_the_doc(error.group(0), port)}` (from `torchrun`" in text  # the row's text, from torchrun
+    assert "`torchrun --standalone`" in text
     assert standalone.returncode == 0, standalone.stdout + standalone.stderr  # the fix: --standalone
     assert "rank 0: sum 2" in standalone.stdout and "rank 1: sum 2" in standalone.stdout
 
 
 def test_torchrun_sets_omp_num_threads_to_1_and_says_so(torchrun_runs):
-    _, standalone, _ = torchrun_runs
-    assert ("Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your "
-            "system being overloaded") in standalone.stderr
+    _, standalone, _, _ = torchrun_runs
+    said = re.search(r"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid "
+                     r"your system being overloaded, ", standalone.stderr)
+    assert said, standalone.stderr[-2000:]
+    assert f"`{said.group(0)}...` **tested**" in row("training with N ranks is much slower than expected")
     assert standalone.stdout.count("OMP_NUM_THREADS=1, torch threads 1") == 2
 
 
-def test_destroy_process_group_gives_a_clean_exit(torchrun_runs):
+def test_destroy_process_group_leaves_no_group_open_at_exit(torchrun_runs):
     """Without destroy_process_group(), torch 2.13 on gloo aborts at exit now and then (about 1 run in 3
-    here: 'terminate called without an active exception', SIGABRT). Intermittent, so no test can show it
-    on demand; the course launcher explains it when it happens (test_launcher). With the call: clean."""
-    _, standalone, _ = torchrun_runs
-    assert standalone.returncode == 0
-    assert "terminate called" not in standalone.stderr
+    here: 'terminate called without an active exception', SIGABRT). Intermittent, so no test can show the
+    abort on demand; what it shows is its cause: without the call the group is still open when the
+    interpreter shuts down, with it the group is closed and the run ends cleanly."""
+    _, standalone, _, left_open = torchrun_runs
+    text = row("terminate called without an active exception")
+    assert "the script ended without `dist.destroy_process_group()`" in text
+    assert "the test shows the run with the call ends cleanly **tested**" in text
+    assert left_open.stdout.count("group open at exit: True") == 1, left_open.stdout + left_open.stderr[-2000:]
+    if left_open.returncode != 0:  # the intermittent abort, when it comes, is the row's symptom
+        assert "terminate called without an active exception" in left_open.stderr, left_open.stderr[-2000:]
+    assert standalone.stdout.count("group open at exit: False") == 2, standalone.stdout  # the fix
+    assert standalone.returncode == 0 and "terminate called" not in standalone.stderr
 
 
-def test_use_libuv_0_is_accepted(torchrun_runs):
-    """The Windows fix cannot be reproduced here (Linux torch has libuv), but the setting itself is valid:
-    the --standalone run above used USE_LIBUV=0."""
-    _, standalone, _ = torchrun_runs
-    assert standalone.returncode == 0
+def test_use_libuv_0_is_read_by_torchs_stores(monkeypatch):
+    """The Windows error cannot be reproduced here (Linux torch has libuv); no launch: torch's own readers of
+    the variable turn libuv off with USE_LIBUV=0 and leave it on without it (env:// and torch.distributed.
+    elastic's store). torch 2.13's c10d rendezvous store (`--standalone`) and the workers' agent-store
+    clients are created without reading it."""
+    import inspect
+
+    from torch.distributed.elastic.utils import distributed as elastic_distributed
+    from torch.distributed.rendezvous import _get_use_libuv_from_query_dict
+
+    assert "`set USE_LIBUV=0`" in row("use_libuv was requested but PyTorch was built without libuv support")
+    monkeypatch.delenv("USE_LIBUV", raising=False)
+    assert _get_use_libuv_from_query_dict({}) is True
+    monkeypatch.setenv("USE_LIBUV", "0")
+    assert _get_use_libuv_from_query_dict({}) is False
+    assert 'os.environ.get("USE_LIBUV", "1") == "1"' in inspect.getsource(elastic_distributed.create_c10d_store)
 
 
 # ----------------------------------------------------------------------------- the course's launcher
@@ -224,9 +350,14 @@ def line_of(path, code):
     return next(i for i, line in enumerate(lines, start=1) if line.split("#")[0].strip() == code)
 
 
-def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble):
+def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble, monkeypatch):
     """Mismatched collectives (ranks 0 and 1) and a busy loop (rank 2), stopped by the timeout: 3 s from the
     moment every rank is ready (imports done), enough for any machine to reach the hang."""
+    # 6 usable cores: the launcher's rule gives 3 ranks 2 threads each, not the 1 that torchrun alone would set
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(launcher, "usable_cores", lambda: 6)
+    omp = threads_per_rank(3, {})
+    assert omp == "2"
     start = time.monotonic()
     result = run(trouble, nproc=3, timeout=3, show="none", env={"TROUBLE": "hang"})
     assert time.monotonic() - start < STARTUP_TIMEOUT + 3 + 15  # start-up, timeout, stacks and cleanup
@@ -239,24 +370,38 @@ def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble):
     # a pure-Python loop holding the GIL still dumps its stack (faulthandler works from the signal handler)
     assert f"trouble.py:{line_of(trouble, 'spin()')} in <module>:  spin()" in result.stacks[2]
     assert "in spin" in result.stacks[2], result.stacks[2]
-    # the same run shows what the launcher does against oversubscription: the usable cores / ranks threads each
-    omp = threads_per_rank(3, {})
+    text = row("did not finish in T s; all its processes were killed")
+    first = re.sub(r" did not finish in [\d.]+ s;", " did not finish in T s;", result.message.splitlines()[0])
+    assert f"`{first.replace(str(trouble), 'labs/NN_x.py')}`" in text, first  # the row's text, this run's file
+    assert "for rank 0 and `-> trouble.py:LINE in <module>:  dist.barrier()` for rank 1" in text
+    assert f"`-> trouble.py:LINE in <module>:  dist.all_reduce(" in text
+    # the same run shows what the launcher does against oversubscription: the usable cores / ranks threads each,
+    # and torch in each rank follows it
     assert result.values("omp") == [omp] * 3 and result.values("threads") == [int(omp)] * 3
+    assert "otherwise it divides the cores this process may use" in row("training with N ranks is much slower")
 
 
 def test_a_rank_that_dies_is_named(trouble):
     result = run(trouble, nproc=2, timeout=60, show="none", env={"TROUBLE": "crash"})
     assert not result.ok and (result.failure.rank, result.failure.kind, result.failure.exitcode) == (1, "exit", 3)
-    assert result.message.startswith("FAILED: rank 1 exited with code 3 without a Python exception "
-                                     "(os._exit or a crash): the other ranks lost their peer.")
+    first = result.message.splitlines()[0]
+    assert first.startswith("FAILED: rank 1 exited with code 3 without a Python exception "
+                            "(os._exit or a crash): the other ranks lost their peer."), result.message
+    assert f"`{first[:first.index('lost their peer.') + len('lost their peer.')]}`" in row(
+        "exited with code 3 without a Python exception")
     # the fix (every rank makes the same calls and none dies) is the run of test_torchrun_... above
 
 
-def test_threads_outside_any_launcher_use_every_core(init_methods):
+def test_threads_outside_any_launcher_use_more_than_cores_per_rank(init_methods, monkeypatch):
     """Oversubscription: started without torchrun or the launcher (mp.spawn, several `python` commands), each
     process uses all the cores torch finds, N processes fight over them. OMP_NUM_THREADS is the fix."""
     facts, _ = init_methods
-    assert max(1, CORES // 2) <= facts["threads_outside_torchrun"] <= CORES  # vs cores / ranks under the launcher
+    assert "(`torch.get_num_threads()` is more than cores / ranks **tested**)" in row(
+        "training with N ranks is much slower")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    per_rank = int(threads_per_rank(3, {}))  # cores / ranks for the 3 ranks of the hang test: 1 on 2 cores
+    assert facts["threads_outside_torchrun"] > per_rank, facts  # fails when torch alone keeps to cores / ranks
+    assert facts["threads_outside_torchrun"] <= launcher.usable_cores()
 
 
 # ----------------------------------------------------------------------------- no launch at all
@@ -266,16 +411,21 @@ def test_doctor_red_localhost_line_and_its_fix(monkeypatch):
 
     monkeypatch.setattr("ddpcourse.doctor.socket.gethostbyname", unresolvable)
     text = format_report(check_environment(launch=False), color=False)
-    assert "FAIL  localhost" in text and "[Errno -2] Name or service not known" in text
-    assert "fix: add '127.0.0.1 localhost' to /etc/hosts" in text
+    line = next(line for line in text.splitlines() if line.startswith("FAIL  localhost"))
+    doc = row("the doctor's `localhost` line is red")
+    assert f"`{re.sub(r'^FAIL  localhost +', 'FAIL  localhost  ', line.rstrip())}`" in doc, line  # the red line
+    assert "[Errno -2] Name or service not known" in line
+    assert "fix: add '127.0.0.1 localhost' to /etc/hosts" in text and "add `127.0.0.1 localhost` to `/etc/hosts`" in doc
 
 
 def test_todos_one_at_a_time_versus_status(tmp_path):
     """A run stops at the first open TODO; status lists them all, without a launch."""
     labs = tmp_path / "labs"
     make_labs(labs_dir=labs, out=io.StringIO())
-    row = collect_status(labs, say=print).row("00")
-    assert row.todos == [1, 2, 3] and row.launched is False
+    status = collect_status(labs, say=print).row("00")
+    assert status.todos == [1, 2, 3] and status.launched is False
+    assert "`python -m ddpcourse status` lists every open TODO of every lab at once **tested**" in row(
+        "is not done yet (line L)")
 
 
 def test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects(capsys, tmp_path):
@@ -297,6 +447,7 @@ def test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects(capsys
     with pytest.raises(SystemExit):
         script_parser.parse_args(["--epochs", "1", "--local-rank=0"])  # what launch passes
     assert "train.py: error: unrecognized arguments: --local-rank=0" in capsys.readouterr().err
+    assert "`error: unrecognized arguments: --local-rank=0`" in row("The module torch.distributed.launch is deprecated")
     script_parser.add_argument("--local-rank", "--local_rank", type=int)  # the fix for a script run both ways
     assert script_parser.parse_args(["--epochs", "1", "--local-rank=0"]).local_rank == 0
 
@@ -309,3 +460,5 @@ def test_torchrun_without_record_reports_no_traceback():
     failure = ProcessFailure(local_rank=1, pid=0, exitcode=1, error_file="/nonexistent/error.json")
     assert failure.error_file == "<N/A>"
     assert failure.message == "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+    text = row("Root Cause (first observed failure)")
+    assert f"`error_file: {failure.error_file}`" in text and f"`traceback : {failure.message}`" in text
