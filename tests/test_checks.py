@@ -169,7 +169,7 @@ def test_a_verdict_another_process_is_computing_is_awaited_and_a_dead_claim_is_v
 
 
 def test_check_lab_runs_in_threads_one_judgement_at_a_time(monkeypatch):
-    """The tests check wrong versions two at a time in threads (tests/conftest.py); the checks recompute
+    """check_lab may be called from threads (a notebook's widgets, a caller's pool); the checks recompute
     expected values with torch's global RNG (toy.build_model seeds it), so two judgements must not interleave."""
     import threading
     import time

@@ -146,7 +146,8 @@ def test_forked_ranks_skip_the_import_yet_start_as_fresh_processes(tmp_path):
     assert result.failure.message.startswith("rank 0 ended with its process group open (ranks [1] too)")
 
 
-def test_ranks_that_torchrun_may_restart_start_as_fresh_interpreters(monkeypatch):
+def test_runs_torchrun_may_restart_are_built_with_fresh_interpreter_ranks(monkeypatch):
+    """The launcher's choice and the command it builds (nothing is launched here)."""
     monkeypatch.delenv(launcher.FORK_RANKS_ENV, raising=False)
     on_linux = sys.platform.startswith("linux")
     assert launcher.forks_ranks([]) is on_linux
