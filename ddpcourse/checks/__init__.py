@@ -46,17 +46,16 @@ _JUDGING = threading.Lock()
 
 @dataclass
 class Check:
-    name: str            # "nproc=N: <claim>" once check_lab has run it on N ranks
+    claim: str           # what was checked, e.g. "mean_loss = 1.25 on every rank"
     passed: bool
     detail: str = ""
-    nproc: int = None    # the world size it was judged on
+    nproc: int = None    # the world size it was judged on (check_lab sets it)
     failure: object = None  # the launcher's RankFailure when the run itself failed (kind, rank, todo, message)
 
     @property
-    def claim(self):
-        """The name without its world size: what was checked."""
-        prefix = f"nproc={self.nproc}: "
-        return self.name[len(prefix):] if self.nproc and self.name.startswith(prefix) else self.name
+    def name(self):
+        """The claim as the learner reads it, with its world size: "nproc=2: mean_loss = ..."."""
+        return f"nproc={self.nproc}: {self.claim}" if self.nproc else self.claim
 
     def __str__(self):
         text = f"{'PASS' if self.passed else 'FAIL'}  {self.name}"
@@ -176,17 +175,17 @@ def _check_world_size(path, module, size, timeout):
                 with _JUDGING:
                     extra = module.explain_failure(result) if hasattr(module, "explain_failure") else ""
                 detail = result.message + (f"\n      {extra}" if extra else "")
-                return [Check(f"nproc={size}: the lab runs to the end{label}", False, detail, size, result.failure)]
+                return [Check(f"the lab runs to the end{label}", False, detail, size, result.failure)]
         try:
             with _JUDGING:
                 outcome = module.checks(results if hasattr(module, "runs") else results[""])
         except KeyError as missing:  # RunResult.values: a rank never reported a value the check reads
-            return [Check(f"nproc={size}: the lab reports every value its check reads", False,
+            return [Check("the lab reports every value its check reads", False,
                           f"{missing.args[0] if missing.args else missing}: is its report(...) call still there?", size)]
         except (TypeError, ValueError, IndexError) as exc:  # a value of the wrong kind or shape
-            return [Check(f"nproc={size}: the lab reports values the check can read", False,
+            return [Check("the lab reports values the check can read", False,
                           f"{type(exc).__name__}: {exc}", size)]
-    return [Check(f"nproc={size}: {c.name}", c.passed, "" if c.passed else c.detail, size) for c in outcome]
+    return [Check(c.claim, c.passed, "" if c.passed else c.detail, size) for c in outcome]
 
 
 def passed_before(lab):
@@ -261,5 +260,5 @@ def _claim(path, module, size):
 def _remember(path, module, size, found):
     cache = _cache_file(path, module, size)
     if cache is not None and found and all(c.passed for c in found):  # only passes: a failure is rerun
-        cache.write_text(json.dumps([{"name": c.name, "passed": c.passed, "detail": c.detail, "nproc": c.nproc}
+        cache.write_text(json.dumps([{"claim": c.claim, "passed": c.passed, "detail": c.detail, "nproc": c.nproc}
                                      for c in found]))
