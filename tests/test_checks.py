@@ -193,7 +193,7 @@ def test_check_lab_runs_in_threads_one_judgement_at_a_time(monkeypatch):
         return [Check("the draws of seed 1", [first, torch.rand(1).item()] == expected)]
 
     monkeypatch.setattr("ddpcourse.checks.launch", launched)
-    monkeypatch.setattr(module, "checks", seeded_draws)
+    monkeypatch.setattr(module, "LAB_CHECK", module.LabCheck(judge=seeded_draws, nprocs=module.NPROCS))
     monkeypatch.delenv(CACHE_ENV, raising=False)
     reports = []
     threads = [threading.Thread(target=lambda: reports.append(check_lab(SOLUTIONS[0], nproc=2, quiet=True)))
@@ -203,3 +203,15 @@ def test_check_lab_runs_in_threads_one_judgement_at_a_time(monkeypatch):
     for thread in threads:
         thread.join()
     assert [report.passed for report in reports] == [True, True]
+
+
+def test_every_lab_declares_its_check():
+    """Each lab of solutions/ has a LabCheck: what it judges with, on which world sizes, with which runs."""
+    from ddpcourse.checks import LabCheck, declared_check
+    from ddpcourse.paths import lab_number
+
+    for solution in lab_files(COURSE_ROOT / "solutions"):
+        declared = declared_check(lab_number(solution))
+        assert isinstance(declared, LabCheck), solution.name
+        assert callable(declared.judge) and declared.nprocs and all(n >= 1 for n in declared.nprocs)
+    assert declared_check("99") is None

@@ -1,16 +1,15 @@
 """Check a lab: ``python -m ddpcourse check FILE [--nproc N]`` or ``check_lab("00")`` in a notebook.
 
 Introduced in notebooks/00_start_here.ipynb. The lab is identified by its file name (``00_*.py``), so a
-learner's copy anywhere works. Each lab has a module here, ``labNN.py``, with
+learner's copy anywhere works. Each lab's check is declared in ``labNN.py`` as
 
-    NPROCS = (1, 2, 3)                 # world sizes the check runs the lab with
-    def checks(run) -> list[Check]     # run: the launcher's RunResult for one world size
+    LAB_CHECK = LabCheck(judge=checks, nprocs=(1, 2, 3))   # judge(run) -> list[Check]
 
-optionally ``def explain_failure(run) -> str`` (what a failed run's evidence says beyond its traceback), and,
-when one world size needs several differently configured runs (say, one with an injected failure),
+and, when the lab's failures need more words than the traceback (``explain_failure(run) -> str``) or one world
+size needs several differently configured runs (say, one with an injected failure),
 
-    def runs(workdir, nproc) -> {name: dict(env=..., args=..., torchrun_args=...)}  # workdir: fresh, per world size
-    def checks(runs) -> list[Check]    # runs: {name: RunResult}
+    LAB_CHECK = LabCheck(judge=checks, runs=runs, explain_failure=explain_failure)
+    # runs(workdir, nproc) -> {name: dict(env=..., args=..., torchrun_args=...)}; judge(runs: {name: RunResult})
 
 The checks compare what the lab ``report``-ed with values computed here, independently of the lab, and
 say what is wrong in the words of the likely mistake ("the sum, not the mean: divide by the world size").
@@ -25,6 +24,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ddpcourse.launcher import DEFAULT_TIMEOUT
 from ddpcourse.launcher import run as launch
@@ -60,6 +60,23 @@ class Check:
     def __str__(self):
         text = f"{'PASS' if self.passed else 'FAIL'}  {self.name}"
         return text + (f"\n      {self.detail}" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class LabCheck:
+    """What a lab's check declares: how it judges, on which world sizes, with which runs."""
+    judge: Callable                   # judge(run) -> [Check]; judge({name: run}) when `runs` is given
+    nprocs: tuple = (1, 2, 3)         # the world sizes check_lab runs it on, in this order
+    runs: Callable = None             # runs(workdir, nproc) -> {name: launch options}; None: one plain run
+    explain_failure: Callable = None  # explain_failure(run) -> str: what a failed run's evidence says
+
+
+def declared_check(number):
+    """The LabCheck of lab ``number`` ("05"), from ddpcourse/checks/labNN.py; None if there is none."""
+    try:
+        return importlib.import_module(f"ddpcourse.checks.lab{number}").LAB_CHECK
+    except ModuleNotFoundError:
+        return None
 
 
 @dataclass
@@ -131,10 +148,10 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     """
     path = resolve_lab(lab)
     number = lab_number(path)
-    try:
-        module = importlib.import_module(f"ddpcourse.checks.lab{number}")
-    except ModuleNotFoundError:
+    declared = declared_check(number)
+    if declared is None:
         raise ValueError(f"{path.name}: no lab check for lab {number!r}; lab files are named NN_name.py")
+    module = importlib.import_module(f"ddpcourse.checks.lab{number}")  # the cache's key (see CACHE_ENV)
     report = CheckReport(str(path))
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
     unfinished = todo_status(path)
@@ -143,14 +160,14 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
         report.results.append(Check("every TODO is done", False, unfinished.describe().splitlines()[0]))
         say(unfinished.describe())
         return report
-    sizes = (nproc,) if nproc else module.NPROCS
+    sizes = (nproc,) if nproc else declared.nprocs
     say(f"Checking {display_path(path)} (lab {number}) on {', '.join(map(str, sizes))} rank(s)")
     for i, size in enumerate(sizes):
         say(f"... running the lab on {size} rank(s) (timeout {timeout:g} s per run)")
         found = _cached(path, module, size, wait=True)
         if found is None:
             with _claim(path, module, size):
-                found = _check_world_size(path, module, size, timeout)
+                found = _check_world_size(path, declared, size, timeout)
                 report.launched = True
                 _remember(path, module, size, found)
         for check in found:
@@ -163,22 +180,22 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     return report
 
 
-def _check_world_size(path, module, size, timeout):
+def _check_world_size(path, declared, size, timeout):
     """Launch the lab (each of the check's runs) on ``size`` ranks and judge it: a list of Checks."""
     with tempfile.TemporaryDirectory(prefix="ddpcourse-check-") as workdir:
-        specs = module.runs(workdir, size) if hasattr(module, "runs") else {"": {}}
+        specs = declared.runs(workdir, size) if declared.runs else {"": {}}
         results = {}
         for name, spec in specs.items():
             results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
             if not result.ok:
                 label = f" ({name} run)" if name else ""
                 with _JUDGING:
-                    extra = module.explain_failure(result) if hasattr(module, "explain_failure") else ""
+                    extra = declared.explain_failure(result) if declared.explain_failure else ""
                 detail = result.message + (f"\n      {extra}" if extra else "")
                 return [Check(f"the lab runs to the end{label}", False, detail, size, result.failure)]
         try:
             with _JUDGING:
-                outcome = module.checks(results if hasattr(module, "runs") else results[""])
+                outcome = declared.judge(results if declared.runs else results[""])
         except KeyError as missing:  # RunResult.values: a rank never reported a value the check reads
             return [Check("the lab reports every value its check reads", False,
                           f"{missing.args[0] if missing.args else missing}: is its report(...) call still there?", size)]
@@ -191,11 +208,11 @@ def _check_world_size(path, module, size, timeout):
 def passed_before(lab):
     """True when the check cache holds a pass of this very lab text at every world size of its check."""
     path = resolve_lab(lab)
-    try:
-        module = importlib.import_module(f"ddpcourse.checks.lab{lab_number(path)}")
-    except ModuleNotFoundError:
+    declared = declared_check(lab_number(path))
+    if declared is None:
         return False
-    return all(_cached(path, module, size) for size in module.NPROCS)
+    module = importlib.import_module(f"ddpcourse.checks.lab{lab_number(path)}")
+    return all(_cached(path, module, size) for size in declared.nprocs)
 
 
 def _cache_file(path, module, size):

@@ -7,7 +7,7 @@ which mistake produced them from the gradients each rank would have on its own b
 import torch
 import torch.nn.functional as F
 
-from ddpcourse.checks import ROUNDING, Check, agree, replica_differences
+from ddpcourse.checks import ROUNDING, Check, LabCheck, agree, replica_differences
 from ddpcourse.toy import build_model, make_dataset
 
 NPROCS = (1, 2, 3)
@@ -159,3 +159,6 @@ def checks(run):
                        f"max |by hand - DDP| over ranks is {worst:.3g}: the hand-written steps do not do what "
                        f"DDP does" if worst > ROUNDING else ""))
     return found
+
+
+LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS)

@@ -4,7 +4,7 @@ rank 0's calibration of the output bias reaches every rank.
 The expected calibration is recomputed here from rank 0's validation predictions and the held-out set
 (rebuilt here), so the check does not trust the lab's arithmetic.
 """
-from ddpcourse.checks import ROUNDING, Check, agree, replica_differences
+from ddpcourse.checks import ROUNDING, Check, LabCheck, agree, replica_differences
 
 NPROCS = (1, 2, 3)
 NEW_LAYER = "fc2.new."
@@ -94,3 +94,6 @@ def _replicas_identical(run):
 def checks(run):
     return [_new_layer_trains(run), _new_layer_same_everywhere(run), _calibration_reaches_every_rank(run),
             _replicas_identical(run)]
+
+
+LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS)

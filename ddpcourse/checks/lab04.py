@@ -5,7 +5,7 @@ The lab reports, per step and per rank, the flattened state right before and rig
 ``maybe_average``. The expected "after" is computed here from every rank's "before": the mean over ranks
 at the averaging steps, each rank's own "before" at the others.
 """
-from ddpcourse.checks import ROUNDING, Check, agree
+from ddpcourse.checks import ROUNDING, Check, LabCheck, agree
 
 NPROCS = (1, 2, 3)
 STEPS, EVERY = 12, 4
@@ -143,3 +143,6 @@ def checks(run):
     found.append(Check("parameters match torch's PeriodicModelAverager at every step", not off,
                        "\n      ".join(off[:3]) + ("\n      (the checks above say why)" if off else "")))
     return found
+
+
+LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS)

@@ -12,7 +12,7 @@ import os
 
 from ddpcourse._worker import HOOKS_ENV
 from ddpcourse.watch_writes import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV
-from ddpcourse.checks import Check
+from ddpcourse.checks import Check, LabCheck
 
 WRITE_DELAY_S = 0.25  # per checkpoint write (6 of them) in the uninterrupted run: see the barrier check
 CHECKPOINT = "checkpoint.pt"  # the lab's file name in its --checkpoint-dir (set in main, outside the TODOs)
@@ -172,3 +172,6 @@ def _barrier_problem(run):
                         "it went on before rank 0 had written. Every rank (rank 0 too) must call dist.barrier() "
                         "after rank 0's write, or a rank can train on, or crash, with no checkpoint of this step")
     return ""
+
+
+LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS, runs=runs, explain_failure=explain_failure)

@@ -11,7 +11,7 @@ sizes and the cap, independently of the lab.
 """
 import math
 
-from ddpcourse.checks import ROUNDING, Check, agree
+from ddpcourse.checks import ROUNDING, Check, LabCheck, agree
 from ddpcourse.diagnosis import EXCEPTION_KIND
 
 NPROCS = (1, 2, 3)
@@ -244,3 +244,6 @@ def checks(run):
                        f"({CONFIG['micro_batches']} micro-batches x {world} ranks)", not problems,
                        "\n      ".join(problems)))
     return found
+
+
+LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS, explain_failure=explain_failure)
