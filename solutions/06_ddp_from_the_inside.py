@@ -149,7 +149,7 @@ ONE_BUCKET_MB = None            # torch's default cap: the whole course model fi
 MANY_BUCKETS_MB = 256 / 2**20   # 256-byte buckets (the first one too): the course model needs several
 LAYOUT_CAPS_MB = [None, 2.5]    # bucket layouts of a 3 MiB model: the first bucket's cap depends on these
 MICRO_BATCHES = 3               # gradient accumulation with no_sync()
-HOLD_SECONDS = 5.0              # how long the other ranks hold back their backward for rank 0 (see below)
+HOLD_SECONDS = 10.0             # how long the other ranks hold back their backward for rank 0 (see below)
 
 
 class CourseNet(nn.Module):
@@ -302,7 +302,10 @@ def train_against_torch(rank, world_size, log, group, bucket_cap_mb):
         F.mse_loss(theirs(x), y).backward()
         first_grads.setdefault("torch", flat_grads(theirs.module))
         optimizer.step()
-    return {"after_wrap": after_wrap, "ours": flat_state(model), "torch": flat_state(theirs.module),
+    trainable_names = [n for n, p in theirs.module.named_parameters() if p.requires_grad]
+    rebuilt = str(theirs._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices", ""))
+    torch_buckets = [[trainable_names[int(i)] for i in part.split()] for part in rebuilt.split(",") if part.strip()]
+    return {"torch_buckets": torch_buckets,"after_wrap": after_wrap, "ours": flat_state(model), "torch": flat_state(theirs.module),
             "first_grads": first_grads, "events": events, "layout": layout(model, ours.buckets),
             "cap_mb": bucket_cap_mb, "frozen_grad_is_none": model.frozen.weight.grad is None,
             "frozen_unchanged": bool(torch.equal(model.frozen.weight, frozen_at_start))}
@@ -343,7 +346,8 @@ def accumulate_against_large_batch(rank, world_size, log, group):
 def main():
     from ddpcourse import init_distributed, report
 
-    rank, world_size, _ = init_distributed()  # the models stay on the CPU (gloo), also on a GPU machine
+    # gloo on the CPU on every machine: the models are CPU models, and the groups' counters must be gloo's
+    rank, world_size, _ = init_distributed(backend="gloo")
     # A group of every rank, not the default one: the wrapper must reduce over the process_group it is given.
     group = dist.new_group(list(range(world_size)))
     log = CollectiveLog(group)

@@ -87,7 +87,7 @@ def test_lab06_waiting_through_the_future_and_the_first_bucket_always_small(repo
     overlap = detail(report, "communication overlaps the backward")
     assert not overlap.passed and "never produced its last gradient" in overlap.detail
     assert "waiting inside the hook" in overlap.detail
-    buckets = detail(report, "buckets laid out as torch's DDP")
+    buckets = detail(report, "buckets hold the parameters torch's DDP puts in each")
     assert not buckets.passed and "bucket_cap_mb=2.5" in buckets.detail
     assert detail(report, "one all_reduce per bucket").passed  # the calls themselves are right
     assert detail(report, "equal torch's DDP after 3 steps (256-byte buckets)").passed

@@ -396,7 +396,8 @@ def baselines(device):
 
 
 def main():
-    rank, world_size, device = init_distributed()
+    # gloo on the CPU on every machine, a GPU box included: every assertion of notebook 06 is about gloo
+    rank, world_size, device = init_distributed(backend="gloo")
     assert world_size == 3, "run it on 3 ranks: groups of 1, 2 and 3 are made from them"
     groups = {size: dist.new_group(list(range(size))) for size in (1, 2, 3)}
     pair = groups[2]
@@ -411,8 +412,8 @@ def main():
     report(equal=equality(groups, rank, device), tied_hook_calls=tied_hook_calls(device))
     dist.barrier()
     report(measured=measure(rank, device, pair) if rank < 2 else None)
-    dist.barrier()
-    report(fit_three=allreduce_times(device, groups[3]))  # the same sizes on 3 ranks: the model's N  # ranks 1 and 2 wait here while rank 0 runs the one-process baselines
+    report(fit_three=allreduce_times(device, groups[3]))  # the same sizes on 3 ranks: the model's N
+    dist.barrier()  # ranks 1 and 2 wait here while rank 0 runs the one-process baselines
     found, threads = baselines(device) if rank == 0 else (None, None)
     report(baselines=found, threads=threads)
     dist.barrier()
