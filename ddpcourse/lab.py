@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 BACKEND_ENV = "DDPCOURSE_BACKEND"
 
@@ -134,3 +135,17 @@ def compare_replicas(model, atol=0.0):
             report.differences.append(TensorDifference(kind, name, groups, spread))
     return report
 
+
+class CollectiveLog(TorchDispatchMode):
+    """The c10d collectives this rank launches while active, by name ("broadcast_", "allgather_", ...),
+    DDP's own C++ calls included: every collective goes through the dispatcher, whoever calls it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket._qualified_op_name
+        if name.startswith("c10d::"):
+            self.names.append(name[len("c10d::"):])
+        return func(*args, **(kwargs or {}))

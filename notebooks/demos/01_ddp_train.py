@@ -30,11 +30,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from ddpcourse import init_distributed, report
-from ddpcourse.lab import compare_replicas
+from ddpcourse.lab import CollectiveLog, compare_replicas
 from ddpcourse.toy import build_model, make_dataset
 
 # ----------------------------------------------------------------------------- config
@@ -192,20 +191,6 @@ def step_time():
 
 
 # ----------------------------------------------------------------------------- 6. every collective, per phase (N = 2)
-class CollectiveLog(TorchDispatchMode):
-    """Names every c10d operation dispatched while active, the C++ reducer's own calls included."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket._qualified_op_name
-        if name.startswith("c10d::"):
-            self.calls.append(name[len("c10d::"):])
-        return func(*args, **(kwargs or {}))
-
-
 def collectives_per_phase(find_unused):
     """{phase: [collective, ...]} for DDP's constructor and 3 forward/backward iterations."""
     net = build_model(SEED)
@@ -214,14 +199,14 @@ def collectives_per_phase(find_unused):
     phases = {}
     with CollectiveLog() as log:
         logged = DDP(net, process_group=pair, find_unused_parameters=find_unused)
-    phases["constructor"] = log.calls
+    phases["constructor"] = log.names
     for iteration in (1, 2, 3):
         with CollectiveLog() as log:
             loss = F.mse_loss(logged(x_all[:PER_RANK_BATCH]), y_all[:PER_RANK_BATCH])
-        phases[f"forward {iteration}"] = log.calls
+        phases[f"forward {iteration}"] = log.names
         with CollectiveLog() as log:
             loss.backward()
-        phases[f"backward {iteration}"] = log.calls
+        phases[f"backward {iteration}"] = log.names
     return phases
 
 

@@ -10,10 +10,9 @@ import inspect
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddpcourse import init_distributed, report
-from ddpcourse.lab import compare_replicas
+from ddpcourse.lab import CollectiveLog, compare_replicas
 from ddpcourse.toy import TinyNet, build_model
 
 # -----------------------------------------------------------------------------
@@ -76,20 +75,6 @@ report(before_wrap=before.as_dict(), after_wrap=after.as_dict(), equals_rank0_st
 
 
 # 3. Before it broadcasts, the constructor checks the replicas: which collectives, and what each mismatch raises.
-class CollectiveLog(TorchDispatchMode):
-    """The name of every c10d collective this rank launches while active (DDP's C++ calls too)."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket._qualified_op_name
-        if name.startswith("c10d::"):
-            self.names.append(name[len("c10d::"):])
-        return func(*args, **(kwargs or {}))
-
-
 def wrap_logged(model):
     """DDP(model) on this rank: the collectives it launched and the text of its RuntimeError (None if none)."""
     with CollectiveLog() as log:
