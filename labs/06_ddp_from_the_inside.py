@@ -136,7 +136,7 @@ ONE_BUCKET_MB = None            # torch's default cap: the whole course model fi
 MANY_BUCKETS_MB = 256 / 2**20   # 256-byte buckets (the first one too): the course model needs several
 LAYOUT_CAPS_MB = [None, 2.5]    # bucket layouts of a 3 MiB model: the first bucket's cap depends on these
 MICRO_BATCHES = 3               # gradient accumulation with no_sync()
-HOLD_SECONDS = 10.0             # how long the other ranks hold back their backward for rank 0 (see below)
+HOLD_SECONDS = 5.0              # how long the other ranks hold back their backward for rank 0 (see below)
 
 
 class CourseNet(nn.Module):

@@ -16,7 +16,7 @@ from ddpcourse.diagnosis import EXCEPTION_KIND
 
 NPROCS = (1, 2, 3)
 CONFIG = {"steps": 3, "micro_batches": 3, "caps": [None, 256 / 2**20], "layout_caps": [None, 2.5],
-          "hold_seconds": 10.0}
+          "hold_seconds": 5.0}
 LABELS = {"one_bucket": "one bucket", "many_buckets": "256-byte buckets"}
 DEFAULT_CAP_MB, FIRST_BUCKET_MB = 25.0, 1.0  # torch's DDP: bucket_cap_mb=None, dist._DEFAULT_FIRST_BUCKET_BYTES
 
