@@ -19,8 +19,9 @@ Your tasks (notebooks/06_ddp_from_the_inside.ipynb builds the two simpler versio
 
 The script below the class trains the same models with your BucketedDDP and with torch's DDP on the same
 data (a model with a frozen layer, a weight shared by two layers and BatchNorm buffers; one bucket and
-several), logs when gradients are ready and when all-reduces start and finish, and reports everything
-to the check.
+several), notes how many collectives its process group had launched as each gradient became ready, holds
+the other ranks back until rank 0 has all its gradients (an all-reduce in flight then cannot have finished),
+and reports everything to the check.
 
 Run it:    python -m ddpcourse run labs/06_ddp_from_the_inside.py --nproc 2
 Check it:  python -m ddpcourse check labs/06_ddp_from_the_inside.py
@@ -175,7 +176,7 @@ def flat_grads(model):
     return torch.cat([p.grad.reshape(-1).double() for p in model.parameters() if p.requires_grad]).tolist()
 
 
-class CollectiveLog:
+class LaunchLog:
     """What the process groups themselves saw: each group counts the collectives launched on it, whatever
     function launched them. A hook registered before the wrapper's notes that count as each gradient is
     ready, so the log tells how many collectives had been launched by then, on the given group and on the
@@ -183,14 +184,15 @@ class CollectiveLog:
 
     def __init__(self, group):
         self.group, self.default = group, dist.group.WORLD
-        self.hold = None  # set by hold_back(): this rank's wait at its first gradient
+        self.step = None      # the step being recorded (start() .. take())
+        self.hold = None      # set by hold_back(): this rank's wait at its first gradient
+        self.outcomes = []    # hold_back's result per held step: "released" or "timed out"
 
     def launched(self):
         return [self.group._get_sequence_number_for_group(), self.default._get_sequence_number_for_group()]
 
     def watch(self, model):
         """Note the counts as each gradient is ready (hooks registered before the wrapper's run first)."""
-        self.step = None
         for name, param in model.named_parameters():
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(lambda p, name=name: self._grad(name))
@@ -220,7 +222,6 @@ def hold_back(log, store, scenario, world_size):
     0 waits for it anywhere inside the backward, whatever the route, its last gradient never comes and the
     wait times out. Recorded per step: "released" or "timed out"."""
     rank, steps = dist.get_rank(), [0]
-    log.outcomes = []
 
     def hold(count, trainable):
         key = f"{scenario}/{steps[0]}"
@@ -337,13 +338,13 @@ def main():
     rank, world_size, _ = init_distributed(backend="gloo")
     # A group of every rank, not the default one: the wrapper must reduce over the process_group it is given.
     group = dist.new_group(list(range(world_size)))
-    log = CollectiveLog(group)
+    log = LaunchLog(group)
     results = {"one_bucket": train_against_torch(rank, world_size, log, group, ONE_BUCKET_MB)}
     if world_size > 1:  # torchrun's store, which every rank reaches
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
         hold_back(log, dist.PrefixStore("lab06-hold", store), "many_buckets", world_size)
     results["many_buckets"] = train_against_torch(rank, world_size, log, group, MANY_BUCKETS_MB)
-    holds = getattr(log, "outcomes", [])
+    holds = log.outcomes
     log.hold = None
     accumulation = accumulate_against_large_batch(rank, world_size, log, group)
     for name, result in results.items():
