@@ -14,14 +14,14 @@ __all__ = ["run_lab", "check_lab", "hint", "report", "init_distributed", "compar
 
 
 def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_args=(), nnodes=1):
-    """Run a lab (a number such as "00", or a path) on ``nproc`` local processes. See ddpcourse.launcher.run.
+    """Run a lab (a number such as "00", or a path) on ``nproc`` local processes. See ddpcourse.launch.launcher.run.
 
     A lab still exactly as make-labs generated it is not launched: its TODO status is printed instead
     and the result has ``ok`` and ``launched`` False. A failed run prints its diagnosis; nothing raises.
     """
-    from ddpcourse.launcher import DEFAULT_TIMEOUT, RunResult, run
+    from ddpcourse.launch.launcher import DEFAULT_TIMEOUT, RunResult, run
     from ddpcourse.paths import resolve_lab
-    from ddpcourse.todos import todo_status
+    from ddpcourse.authoring.todos import todo_status
 
     path = resolve_lab(lab)
     todos = todo_status(path)
@@ -36,8 +36,8 @@ def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_
 
 
 def hint(lab, todo=None):
-    """Show the next hint level of the lab's next open TODO (or of TODO ``todo``). See ddpcourse.todos."""
-    from ddpcourse.todos import reveal_hint
+    """Show the next hint level of the lab's next open TODO (or of TODO ``todo``). See ddpcourse.authoring.todos."""
+    from ddpcourse.authoring.todos import reveal_hint
 
     print(reveal_hint(lab, todo))
 
@@ -51,11 +51,11 @@ def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipy
         return getattr(lab, name)
     if name == "doctor":  # the module, callable: doctor() runs it
         import importlib
-        return importlib.import_module("ddpcourse.doctor")
+        return importlib.import_module("ddpcourse.learner.doctor")
     if name == "predict":
-        from ddpcourse.quiz import predict
+        from ddpcourse.learner.quiz import predict
         return predict
     if name == "setup_notebook":
-        from ddpcourse.notebooks import setup_notebook
+        from ddpcourse.authoring.notebooks import setup_notebook
         return setup_notebook
     raise AttributeError(f"module 'ddpcourse' has no attribute {name!r}")

@@ -9,7 +9,7 @@ and ``hint`` never pay for importing torch (seconds) or the launcher's machinery
 import argparse
 import sys
 
-from ddpcourse.launcher import DEFAULT_TIMEOUT
+from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
 
 RUN_EXAMPLE = """examples:
   python -m ddpcourse run labs/00_first_collectives.py --nproc 3
@@ -19,7 +19,7 @@ Arguments after -- are passed to the script."""
 
 # ----------------------------------------------------------------------------- one function per command
 def cmd_run(options):
-    from ddpcourse.launcher import run as launch
+    from ddpcourse.launch.launcher import run as launch
     try:
         result = launch(options.file, nproc=options.nproc, args=options.script_args, timeout=options.timeout,
                         show="rank0" if options.rank0 else "all", nnodes=options.nnodes,
@@ -41,10 +41,10 @@ def cmd_check(options):
 
 def cmd_status(options):
     if options.line:
-        from ddpcourse.progress import room_line
+        from ddpcourse.learner.progress import room_line
         print(room_line(options.labs))
         return 0
-    from ddpcourse.progress import status
+    from ddpcourse.learner.progress import status
     try:
         status(options.labs, timeout=options.timeout)
     except KeyboardInterrupt:
@@ -53,7 +53,7 @@ def cmd_status(options):
 
 
 def cmd_hint(options):
-    from ddpcourse.todos import reveal_hint
+    from ddpcourse.authoring.todos import reveal_hint
     try:
         print(reveal_hint(options.lab, options.todo))
     except (FileNotFoundError, ValueError) as exc:
@@ -63,35 +63,35 @@ def cmd_hint(options):
 
 
 def cmd_reset(options):
-    from ddpcourse.progress import main_reset
+    from ddpcourse.learner.progress import main_reset
     return main_reset(options.lab, options.labs)
 
 
 def cmd_cleanup(options):
-    from ddpcourse.processes import end_leftover_runs
+    from ddpcourse.launch.processes import end_leftover_runs
     end_leftover_runs(include_active=options.all)
     return 0
 
 
 def cmd_make_labs(options):
-    from ddpcourse.makelabs import make_labs
+    from ddpcourse.authoring.makelabs import make_labs
     stale = make_labs(check=options.check)
     return 1 if (options.check and stale) else 0
 
 
 def cmd_make_clean(options):
-    from ddpcourse.notebooks import make_clean
+    from ddpcourse.authoring.notebooks import make_clean
     stale = make_clean(check=options.check)
     return 1 if (options.check and stale) else 0
 
 
 def cmd_execute(options):
-    from ddpcourse.notebooks import execute
+    from ddpcourse.authoring.notebooks import execute
     return 0 if execute(options.notebooks) else 1
 
 
 def cmd_doctor(options):
-    from ddpcourse.doctor import doctor
+    from ddpcourse.learner.doctor import doctor
     return 0 if doctor().ok else 1
 
 
@@ -125,7 +125,7 @@ def build_parser():
                                         "`check` is the full verdict.")
     status.add_argument("--labs", default=None, help="the labs folder to look at (default: the course's labs/)")
     status.add_argument("--line", action="store_true",
-                        help="one line for the room's shared document (00:pass 01:todo2 02:new ...), nothing launched")
+                        help="one line for the room's shared document (00:edited 01:todo2 02:new ...), nothing launched")
     status.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds each check run may take (default: {DEFAULT_TIMEOUT:g})")
     status.set_defaults(func=cmd_status)

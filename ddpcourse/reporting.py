@@ -1,12 +1,12 @@
 """Results a lab hands back to the launcher: ``report(name=value, ...)``.
 
 Introduced in notebooks/00_start_here.ipynb. A lab calls ``report`` on any rank; the launcher
-(ddpcourse.launcher) returns the values per rank, so a notebook cell asserts on data instead of
+(ddpcourse.launch.launcher) returns the values per rank, so a notebook cell asserts on data instead of
 parsing printed text. Outside the launcher (``python lab.py`` or a plain torchrun) it does nothing.
 
 This module never imports torch: the launcher process imports it too.
 """
-from ddpcourse.events import RUN_DIR_ENV, REPORT, write_event  # noqa: F401 - RUN_DIR_ENV: older imports
+from ddpcourse.launch.events import REPORT, write_event
 
 
 def _plain(value):

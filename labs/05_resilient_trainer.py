@@ -17,11 +17,12 @@ Your tasks (notebooks/05_launching_and_scaling_out.ipynb explains each):
   TODO 3  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written
 
 Run:       python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 -- --checkpoint-dir /tmp/ckpt
-Crash it:  DDPCOURSE_FAIL_AT_STEP=7 python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 \
-               --max-restarts 1 -- --checkpoint-dir /tmp/ckpt2
+Crash it:  python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 --max-restarts 1 \
+               -- --checkpoint-dir /tmp/ckpt2 --fail-at-step 7
 Check:     python -m ddpcourse check labs/05_resilient_trainer.py
 """
 import argparse
+import hashlib
 import os
 import tempfile
 
@@ -46,8 +47,6 @@ SEED = 0
 # grouping, would end a few float32 ulps away from an uninterrupted one. DDP skips the regrouping when
 # find_unused_parameters=True, so every step adds in the same order and a resume is bit-exact.
 BIT_EXACT_RESUME = True
-# A crash to recover from: on the first attempt, the last rank dies once this many steps are done.
-FAIL_AT_STEP = int(os.environ.get("DDPCOURSE_FAIL_AT_STEP", "-1"))
 # -------------------------------------------------------------------------------------------------
 
 
@@ -73,9 +72,19 @@ def save_checkpoint(path, model, optimizer, step, rank):
     raise NotImplementedError("TODO 3: the replicas are identical, so one writer is enough; a crash mid-write must never leave a half-written file under the checkpoint's name; no rank goes on before the file exists")
 
 
+def file_digest(path):
+    """The checkpoint this rank would load now, as a digest (None: no file)."""
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as file:
+        return hashlib.sha1(file.read()).hexdigest()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint-dir", default=None, help="default: a new temporary folder")
+    parser.add_argument("--fail-at-step", type=int, default=-1,
+                        help="a crash to recover from: on the first attempt the last rank dies after this step")
     options = parser.parse_args()
     checkpoint_dir = options.checkpoint_dir or tempfile.mkdtemp(prefix="lab05-")
     path = os.path.join(checkpoint_dir, "checkpoint.pt")
@@ -90,12 +99,12 @@ def main():
 
     start_step = load_checkpoint(path, model, optimizer)
     print(f"attempt {attempt}: starting at step {start_step} of {EPOCHS * steps_per_epoch}")
-    orders, step, loss = [], start_step, torch.tensor(float("nan"))
+    orders, seen, step, loss = [], [], start_step, torch.tensor(float("nan"))
     for epoch in range(start_step // steps_per_epoch, EPOCHS):
         order = epoch_order(sampler, epoch)
         orders.append(order)
         for batch in range(step % steps_per_epoch, steps_per_epoch):  # skip what the checkpoint already did
-            if attempt == 0 and step == FAIL_AT_STEP and rank == world_size - 1:
+            if attempt == 0 and step == options.fail_at_step and rank == world_size - 1:
                 print(f"simulated crash at step {step}", flush=True)
                 os._exit(1)  # like a killed process: no cleanup, no exception
             indices = order[batch * BATCH_PER_RANK:(batch + 1) * BATCH_PER_RANK]
@@ -107,10 +116,11 @@ def main():
             step += 1
             if step % CHECKPOINT_EVERY == 0:
                 save_checkpoint(path, model, optimizer, step, rank)
+                seen.append(file_digest(path))  # what this rank finds once save_checkpoint has returned
     print(f"attempt {attempt}: finished {step} steps, last loss {loss.item():.4f}")
     report(attempt=attempt, start_step=start_step, steps=step, steps_per_epoch=steps_per_epoch,
            checkpoint_every=CHECKPOINT_EVERY, samples=SAMPLES, orders=orders, first_epoch=start_step // steps_per_epoch,
-           weights=model.module.state_dict())
+           weights=model.module.state_dict(), checkpoints_seen=seen)
     dist.destroy_process_group()
 
 

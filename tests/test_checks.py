@@ -4,9 +4,9 @@ import pytest
 
 from ddpcourse.__main__ import main
 from ddpcourse.checks import CACHE_ENV, check_lab
-from ddpcourse.makelabs import make_lab
+from ddpcourse.authoring.makelabs import make_lab
 from ddpcourse.paths import COURSE_ROOT, lab_files
-from ddpcourse.todos import reveal_hint, solution_regions, todo_line
+from ddpcourse.authoring.todos import reveal_hint, solution_regions, todo_line
 from helpers import detail, wrong_version
 
 SOLUTIONS = lab_files(COURSE_ROOT / "solutions")
@@ -62,7 +62,7 @@ def test_a_path_that_does_not_exist_is_an_error_never_another_lab(tmp_path, no_l
 
 def test_a_value_the_lab_did_not_report_is_a_fail_naming_it(tmp_path, monkeypatch):
     """No traceback out of check_lab: the run 'succeeded' but one rank never reported mean_loss."""
-    from ddpcourse.launcher import RunResult
+    from ddpcourse.launch.launcher import RunResult
 
     def launched(path, nproc, **kwargs):
         reports = {0: {"local_loss": 1.0, "local_grad_norm": 1.0, "max_grad_norm": 6.0, "all_losses": [1.0, 1.5]},
@@ -178,7 +178,7 @@ def test_check_lab_runs_in_threads_one_judgement_at_a_time(monkeypatch):
 
     from ddpcourse.checks import Check
     from ddpcourse.checks import lab00 as module
-    from ddpcourse.launcher import RunResult
+    from ddpcourse.launch.launcher import RunResult
 
     def launched(path, nproc, **kwargs):
         return RunResult(file=str(path), nproc=nproc, returncode=0, duration=1.0, launched=True)

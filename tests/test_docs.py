@@ -245,7 +245,7 @@ def test_plain_torchrun_advertises_getfqdn_unless_local_addr(monkeypatch):
     name nobody resolves. --local-addr replaces it (torch's own code, no launch)."""
     from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
-    from ddpcourse.launcher import build_command
+    from ddpcourse.launch.launcher import build_command
 
     monkeypatch.setattr(socket, "getfqdn", lambda *args: "laptop.vpn.example.invalid")
     assert RendezvousStoreInfo.build(0, dist.HashStore(), local_addr=None).master_addr == "laptop.vpn.example.invalid"
@@ -257,7 +257,7 @@ def test_plain_torchrun_advertises_getfqdn_unless_local_addr(monkeypatch):
 
 
 def test_pip_behind_a_proxy_it_cannot_reach(tmp_path):
-    from ddpcourse.doctor import pins
+    from ddpcourse.learner.doctor import pins
 
     psutil = f"psutil=={pins()['psutil']}"  # a package the course pins (requirements.txt)
     with socket.socket() as closed:  # a loopback port where nothing listens: a proxy that is not there
@@ -286,7 +286,7 @@ def test_a_kernel_without_the_course_environment(tmp_path):
 def test_the_widget_extension_comes_with_the_pinned_install():
     from importlib.metadata import files, version
 
-    from ddpcourse.doctor import pins
+    from ddpcourse.learner.doctor import pins
 
     pinned = pins()["ipywidgets"]  # requirements.txt
     assert version("ipywidgets") == pinned
@@ -325,8 +325,8 @@ def test_the_mistaken_lab_fails_its_check_as_the_guide_says():
 
 
 def test_the_room_line_of_a_fresh_copy_reads_as_the_guide_shows(tmp_path):
-    from ddpcourse.makelabs import make_labs
-    from ddpcourse.progress import room_line
+    from ddpcourse.authoring.makelabs import make_labs
+    from ddpcourse.learner.progress import room_line
 
     examples = re.findall(r"^ddpcourse .*$", section(GUIDE, "### Seeing the room's progress"), re.M)
     make_labs(labs_dir=tmp_path, out=io.StringIO())

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from ddpcourse.__main__ import main as ddpcourse_main
-from ddpcourse.doctor import KERNEL_PACKAGES, check_environment, format_report, pins
+from ddpcourse.learner.doctor import KERNEL_PACKAGES, check_environment, format_report, pins
 from ddpcourse.paths import COURSE_ROOT, lab_files
 
 README = (COURSE_ROOT / "README.md").read_text()
@@ -128,7 +128,7 @@ def test_doctor_reports_this_machine_ready_and_explains_each_failure(monkeypatch
     assert report.ok, format_report(report, color=False)
     assert report.row("torch").status == "OK" and report.row("backend gloo").status == "OK"
     # a wrong version is a red line with its fix
-    monkeypatch.setattr("ddpcourse.doctor.pins", lambda path=None: {"torch": "9.9.9", "nbval": "0.11.0"})
+    monkeypatch.setattr("ddpcourse.learner.doctor.pins", lambda path=None: {"torch": "9.9.9", "nbval": "0.11.0"})
     wrong = check_environment(launch=False)
     assert not wrong.ok
     text = format_report(wrong, color=False)
@@ -141,10 +141,10 @@ def test_doctor_fails_on_kernel_packages_and_only_informs_on_tooling(monkeypatch
     """A JupyterLab (or pytest, nbval) from another environment must not block notebook 00."""
     kernel = {package: "0.0.1" for package in KERNEL_PACKAGES}
     tooling = {"jupyterlab": "0.0.1", "nbval": "0.0.1", "pytest": "0.0.1"}
-    monkeypatch.setattr("ddpcourse.doctor.pins", lambda path=None: tooling)
+    monkeypatch.setattr("ddpcourse.learner.doctor.pins", lambda path=None: tooling)
     report = check_environment(launch=False)
     assert report.ok and {report.row(p).status for p in tooling} == {"INFO"}
     assert "fine if it runs from another environment" in report.row("jupyterlab").value
-    monkeypatch.setattr("ddpcourse.doctor.pins", lambda path=None: kernel)
+    monkeypatch.setattr("ddpcourse.learner.doctor.pins", lambda path=None: kernel)
     report = check_environment(launch=False)
     assert not report.ok and {report.row(p).status for p in kernel} == {"FAIL"}

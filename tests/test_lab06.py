@@ -71,7 +71,7 @@ def test_lab06_a_missing_gradient_is_explained_whichever_flatten_met_it():
     from types import SimpleNamespace
 
     from ddpcourse.checks import lab06
-    from ddpcourse.diagnosis import EXCEPTION_KIND
+    from ddpcourse.launch.diagnosis import EXCEPTION_KIND
 
     for error in ("AttributeError: 'NoneType' object has no attribute 'reshape'",
                   "TypeError: expected Tensor as element 8 in argument 0, but got NoneType"):

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from ddpcourse import diagnosis, launcher, processes
-from ddpcourse.events import EventReader
-from ddpcourse.launcher import (RUN_ID_ENV, STARTUP_TIMEOUT, build_env, cgroup_cpu_quota, find_processes,
+from ddpcourse.launch.events import EventReader
+from ddpcourse.launch.launcher import (RUN_ID_ENV, STARTUP_TIMEOUT, build_env, cgroup_cpu_quota, find_processes,
                                 processes_of_run, run, threads_per_rank)
 
 SLACK = 15.0  # a failure ends within timeout + 15 s
@@ -154,7 +154,7 @@ def test_runs_torchrun_may_restart_are_built_with_fresh_interpreter_ranks(monkey
     assert launcher.forks_ranks(["--max-restarts", "0"]) is on_linux
     for options in (["--max-restarts", "1"], ["--max_restarts=3"]):
         assert launcher.forks_ranks(options) is False
-        assert launcher.build_command("x.py", 2, torchrun_args=options)[-3:] == ["-m", "ddpcourse._worker", "x.py"]
+        assert launcher.build_command("x.py", 2, torchrun_args=options)[-3:] == ["-m", "ddpcourse.launch.rank", "x.py"]
     monkeypatch.setenv(launcher.FORK_RANKS_ENV, "0")
     assert launcher.forks_ranks([]) is False
 
@@ -290,7 +290,7 @@ def test_a_killed_launcher_takes_its_run_with_it(tmp_path):
 SOCKETS = """
     import os, torch, torch.distributed as dist
     from ddpcourse import report
-    from ddpcourse.processes import RUN_ID_ENV, listening_sockets, processes_of_run
+    from ddpcourse.launch.processes import RUN_ID_ENV, listening_sockets, processes_of_run
     dist.init_process_group("gloo")
     dist.all_reduce(torch.ones(1))
     if dist.get_rank() == 0:  # every process of this run is up: the agent, both ranks
@@ -426,10 +426,10 @@ def test_a_partial_event_line_never_crashes_the_reader(tmp_path):
 def test_threads_divide_the_usable_cores_unless_the_user_chose(monkeypatch, tmp_path):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    monkeypatch.setattr("ddpcourse.launcher.cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr("ddpcourse.launch.launcher.cgroup_cpu_quota", lambda: None)
     assert threads_per_rank(2) == "4" and threads_per_rank(3) == "2" and threads_per_rank(16) == "1"
     assert build_env(2, tmp_path, "id")["OMP_NUM_THREADS"] == "4"  # the launcher sets it, torchrun would say 1
-    monkeypatch.setattr("ddpcourse.launcher.cgroup_cpu_quota", lambda: 2.5)  # a container granted 2.5 CPUs
+    monkeypatch.setattr("ddpcourse.launch.launcher.cgroup_cpu_quota", lambda: 2.5)  # a container granted 2.5 CPUs
     assert threads_per_rank(2) == "1" and threads_per_rank(1) == "2"
     monkeypatch.setenv("OMP_NUM_THREADS", "6")
     assert build_env(2, tmp_path, "id")["OMP_NUM_THREADS"] == "6"
@@ -508,8 +508,8 @@ def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys):
 
 def test_a_start_up_timeout_says_the_ranks_did_not_start():
     """Without a launch: the verdict names the limit that ran out, so a slow start-up does not read as a hang."""
-    from ddpcourse.launcher import RunResult
-    from ddpcourse.printing import verdict
+    from ddpcourse.launch.launcher import RunResult
+    from ddpcourse.launch.printing import verdict
     startup = RunResult("x.py", nproc=2, returncode=124, duration=121.3, timed_out=True, failure=diagnosis.RankFailure(
         0, diagnosis.TIMEOUT, message=f"x.py: the ranks did not start within {STARTUP_TIMEOUT:g} s"))
     text = verdict(startup, "x.py")

@@ -29,7 +29,7 @@ LAB_WORDS = re.compile(r"\blabs\b|\b(resolve_lab|lab_folder|LAB_SOURCE)\b|ddpcou
                        r"\b(run_lab|check_lab)\b(?!\s*\(\s*\"\")|"  # a call on a lab, or an alias
                        + "|".join(rf"\b{name}\s*\((?!\s*\"\")" for name in sorted(LAB_FUNCTIONS)))
 COUNT_LAUNCHES = """\
-import ddpcourse.launcher as launcher_module
+import ddpcourse.launch.launcher as launcher_module
 if not hasattr(launcher_module, "launched_files"):  # count every launch of this kernel from here on
     def counting_run(file, *args, _module=launcher_module, _run=launcher_module.run, **kwargs):
         _module.launched_files.append(str(file))
@@ -118,7 +118,7 @@ def learner_run_notebook():
             cell.metadata["origin"] = {"notebook": path.name, "cell": index, "lab": True}
             run.cells.append(cell)
     run.cells.append(nbformat.v4.new_code_cell(
-        "import ddpcourse.launcher as launcher_module\nprint(len(launcher_module.launched_files), 'launches')"))
+        "import ddpcourse.launch.launcher as launcher_module\nprint(len(launcher_module.launched_files), 'launches')"))
     return run
 
 
@@ -127,7 +127,7 @@ def course_copy(tmp_path_factory):
     """A copy of the course whose ddpcourse the kernel (and every rank) imports, and a kernel started in it
     as a learner's: no DDPCOURSE_LAB_SOURCE. DDPCOURSE_CHECK_CACHE stays (see the completed-labs test).
     labs/ is as make-labs generates it, whatever the checkout's labs/ holds."""
-    from ddpcourse.makelabs import make_lab
+    from ddpcourse.authoring.makelabs import make_lab
 
     root = tmp_path_factory.mktemp("learner") / "course"
     ignore = shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints", "*.saved-*.py", ".hint-levels.json")

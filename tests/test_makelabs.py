@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from ddpcourse.makelabs import MarkerError, make_lab, make_labs
+from ddpcourse.authoring.makelabs import MarkerError, make_lab, make_labs
 from ddpcourse.paths import COURSE_ROOT, lab_files
-from ddpcourse.todos import open_todos, parse_regions, todo_in_message
+from ddpcourse.authoring.todos import open_todos, parse_regions, todo_in_message
 
 SOLUTION = textwrap.dedent('''\
     import torch

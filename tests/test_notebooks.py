@@ -17,7 +17,7 @@ from nbval.plugin import coalesce_streams, find_comment_markers, get_sanitize_pa
 
 from ddpcourse import notebooks as nbfiles
 from ddpcourse.paths import COURSE_ROOT, lab_files
-from ddpcourse.quiz import ANSWERS_FOLDER, plain_text
+from ddpcourse.learner.quiz import ANSWERS_FOLDER, plain_text
 
 NOTEBOOKS = nbfiles.notebook_files()
 CLEAN = nbfiles.notebook_files(nbfiles.CLEAN)

@@ -4,7 +4,7 @@ One 3-rank launch covers: identical replicas (plain and DDP-wrapped), a paramete
 a buffer that differs, and a layer that exists on one rank only."""
 import textwrap
 
-from ddpcourse.launcher import run
+from ddpcourse.launch.launcher import run
 
 SCRIPT = textwrap.dedent("""
     import torch, torch.nn as nn

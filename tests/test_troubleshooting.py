@@ -28,12 +28,12 @@ import time
 
 import pytest
 
-from ddpcourse.doctor import check_environment, format_report
+from ddpcourse.learner.doctor import check_environment, format_report
 from ddpcourse import launcher
-from ddpcourse.launcher import STARTUP_TIMEOUT, processes_of_run, run, threads_per_rank
-from ddpcourse.makelabs import make_labs
+from ddpcourse.launch.launcher import STARTUP_TIMEOUT, processes_of_run, run, threads_per_rank
+from ddpcourse.authoring.makelabs import make_labs
 from ddpcourse.paths import COURSE_ROOT
-from ddpcourse.progress import collect_status
+from ddpcourse.learner.progress import collect_status
 
 DOC = COURSE_ROOT / "docs" / "troubleshooting.md"
 
@@ -409,7 +409,7 @@ def test_doctor_red_localhost_line_and_its_fix(monkeypatch):
     def unresolvable(name):
         raise socket.gaierror(-2, "Name or service not known")
 
-    monkeypatch.setattr("ddpcourse.doctor.socket.gethostbyname", unresolvable)
+    monkeypatch.setattr("ddpcourse.learner.doctor.socket.gethostbyname", unresolvable)
     text = format_report(check_environment(launch=False), color=False)
     line = next(line for line in text.splitlines() if line.startswith("FAIL  localhost"))
     doc = row("the doctor's `localhost` line is red")

@@ -14,35 +14,16 @@ size needs several differently configured runs (say, one with an injected failur
 The checks compare what the lab ``report``-ed with values computed here, independently of the lab, and
 say what is wrong in the words of the likely mistake ("the sum, not the mean: divide by the world size").
 """
-import hashlib
 import importlib
-import json
-import os
 import tempfile
-import threading
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ddpcourse.launcher import DEFAULT_TIMEOUT
-from ddpcourse.launcher import run as launch
+from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
+from ddpcourse.launch.launcher import run as launch
 from ddpcourse.paths import display_path, lab_number, resolve_lab
-from ddpcourse.todos import todo_status
-
-# A folder where passing verdicts are kept, keyed by everything they depend on (the lab file, the check,
-# this package's code, the world size). The test suite sets it so that a notebook's check cell reuses the
-# verdict the unit tests already computed for the same solution instead of launching it again. While a
-# process checks a key it holds a claim on it (a ``.pending`` file with its pid): another process that needs
-# the same verdict waits for it instead of launching the same runs (the suite computes the solutions'
-# verdicts in a background process, see conftest.py).
-CACHE_ENV = "DDPCOURSE_CHECK_CACHE"
-CLAIM_WAIT = 600.0  # seconds to wait for another process's verdict at most (it has its own timeouts)
-# The checks recompute expected values in this process with torch's global RNG (ddpcourse.toy.build_model seeds
-# it): one judgement at a time, so that check_lab may run in threads while the launches, the slow part, overlap.
-_JUDGING = threading.Lock()
-
+from ddpcourse.authoring.todos import todo_status
 
 @dataclass
 class Check:
@@ -151,7 +132,6 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     declared = declared_check(number)
     if declared is None:
         raise ValueError(f"{path.name}: no lab check for lab {number!r}; lab files are named NN_name.py")
-    module = importlib.import_module(f"ddpcourse.checks.lab{number}")  # the cache's key (see CACHE_ENV)
     report = CheckReport(str(path))
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
     unfinished = todo_status(path)
@@ -164,12 +144,8 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     say(f"Checking {display_path(path)} (lab {number}) on {', '.join(map(str, sizes))} rank(s)")
     for i, size in enumerate(sizes):
         say(f"... running the lab on {size} rank(s) (timeout {timeout:g} s per run)")
-        found = _cached(path, module, size, wait=True)
-        if found is None:
-            with _claim(path, module, size):
-                found = _check_world_size(path, declared, size, timeout)
-                report.launched = True
-                _remember(path, module, size, found)
+        found = _check_world_size(path, declared, size, timeout)
+        report.launched = True
         for check in found:
             say(str(check))
         report.results.extend(found)
@@ -189,13 +165,11 @@ def _check_world_size(path, declared, size, timeout):
             results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
             if not result.ok:
                 label = f" ({name} run)" if name else ""
-                with _JUDGING:
-                    extra = declared.explain_failure(result) if declared.explain_failure else ""
+                extra = declared.explain_failure(result) if declared.explain_failure else ""
                 detail = result.message + (f"\n      {extra}" if extra else "")
                 return [Check(f"the lab runs to the end{label}", False, detail, size, result.failure)]
         try:
-            with _JUDGING:
-                outcome = declared.judge(results if declared.runs else results[""])
+            outcome = declared.judge(results if declared.runs else results[""])
         except KeyError as missing:  # RunResult.values: a rank never reported a value the check reads
             return [Check("the lab reports every value its check reads", False,
                           f"{missing.args[0] if missing.args else missing}: is its report(...) call still there?", size)]
@@ -203,79 +177,3 @@ def _check_world_size(path, declared, size, timeout):
             return [Check("the lab reports values the check can read", False,
                           f"{type(exc).__name__}: {exc}", size)]
     return [Check(c.claim, c.passed, "" if c.passed else c.detail, size) for c in outcome]
-
-
-def passed_before(lab):
-    """True when the check cache holds a pass of this very lab text at every world size of its check."""
-    path = resolve_lab(lab)
-    declared = declared_check(lab_number(path))
-    if declared is None:
-        return False
-    module = importlib.import_module(f"ddpcourse.checks.lab{lab_number(path)}")
-    return all(_cached(path, module, size) for size in declared.nprocs)
-
-
-def _cache_file(path, module, size):
-    folder = os.environ.get(CACHE_ENV)
-    if not folder:
-        return None
-    digest = hashlib.sha256(f"{size}".encode())
-    for source in [Path(path), Path(module.__file__), *sorted(Path(__file__).parent.parent.rglob("*.py"))]:
-        digest.update(source.read_bytes())
-    return Path(folder) / f"{Path(path).stem}-{digest.hexdigest()[:20]}.json"
-
-
-def _cached(path, module, size, wait=False):
-    """The cached passing verdict, or None. wait: while another live process holds a claim on this key,
-    wait for its verdict (None if it did not pass)."""
-    cache = _cache_file(path, module, size)
-    if cache is None:
-        return None
-    if wait:
-        deadline = time.monotonic() + CLAIM_WAIT
-        while _claimed_by_another(cache) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    if not cache.exists():
-        return None
-    return [Check(**row) for row in json.loads(cache.read_text())]
-
-
-def _claim_file(cache):
-    return cache.with_suffix(".pending")
-
-
-def _claimed_by_another(cache):
-    try:
-        pid = int(_claim_file(cache).read_text() or 0)
-    except (OSError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False  # the claimant died: its claim is void
-    except OSError:
-        pass  # exists (another user's, say)
-    return True
-
-
-@contextmanager
-def _claim(path, module, size):
-    """Hold a claim on this verdict's key while computing it (see CACHE_ENV); nothing without a cache."""
-    cache = _cache_file(path, module, size)
-    claim = _claim_file(cache) if cache is not None else None
-    if claim is not None:
-        claim.write_text(str(os.getpid()))
-    try:
-        yield
-    finally:
-        if claim is not None:
-            claim.unlink(missing_ok=True)
-
-
-def _remember(path, module, size, found):
-    cache = _cache_file(path, module, size)
-    if cache is not None and found and all(c.passed for c in found):  # only passes: a failure is rerun
-        cache.write_text(json.dumps([{"claim": c.claim, "passed": c.passed, "detail": c.detail, "nproc": c.nproc}
-                                     for c in found]))

@@ -3,16 +3,15 @@ from 2 ranks on, once more with its last rank killed mid-training under torchrun
 ranks the crash comes at an epoch boundary, on 3 mid-epoch: resuming must handle both; one rank adds no
 case of its own, so its crash is not staged).
 
-Both runs watch the checkpoint folder (ddpcourse._worker): which ranks wrote into it, how (torch.save,
-os.fsync, os.replace) and what each rank found in it when save_checkpoint returned. In the uninterrupted
-run the worker slows every torch.save into the folder down, so a rank that does not wait for the write is
-seen returning before the file exists.
+Both runs watch the checkpoint folder (ddpcourse.checks.write_observer): which ranks wrote into it and how
+(opened for writing, os.fsync, os.replace); the lab reports what each rank found there once save_checkpoint
+returned. In the uninterrupted run every write into the folder waits a moment first, so a rank that does not
+wait for the write is seen returning before the file exists.
 """
 import os
 
-from ddpcourse._worker import HOOKS_ENV
-from ddpcourse.watch_writes import WATCH_DELAY_ENV, WATCH_LOG_KEY, WATCH_RETURNS_ENV, WATCH_WRITES_ENV
 from ddpcourse.checks import Check, LabCheck
+from ddpcourse.checks.write_observer import WATCH_LOG_KEY
 
 WRITE_DELAY_S = 0.25  # per checkpoint write (6 of them) in the uninterrupted run: see the barrier check
 CHECKPOINT = "checkpoint.pt"  # the lab's file name in its --checkpoint-dir (set in main, outside the TODOs)
@@ -20,7 +19,7 @@ CHECKPOINT = "checkpoint.pt"  # the lab's file name in its --checkpoint-dir (set
 NPROCS = (1, 2, 3)
 FAIL_AT_STEP = 7  # mid-epoch for 3 ranks, at an epoch boundary for 2: resuming must handle both
 CRASH_FROM_NPROC = 2
-WATCH_HOOK = "ddpcourse.watch_writes:install"  # the worker calls it before the lab runs
+OBSERVER = "ddpcourse.checks.write_observer:observe"  # every rank calls it before the lab runs
 
 
 def runs(workdir, nproc):
@@ -28,12 +27,12 @@ def runs(workdir, nproc):
     for name in ("uninterrupted", "crashed") if nproc >= CRASH_FROM_NPROC else ("uninterrupted",):
         folder = os.path.join(workdir, name)
         os.makedirs(folder)
-        specs[name] = {"args": ["--checkpoint-dir", folder],
-                       "env": {HOOKS_ENV: WATCH_HOOK, WATCH_WRITES_ENV: folder, WATCH_RETURNS_ENV: "save_checkpoint"}}
+        specs[name] = {"args": ["--checkpoint-dir", folder], "observer": OBSERVER,
+                       "observer_options": {"folder": folder, "delay": 0.0}}
     if nproc > 1:  # one rank has nobody who could run ahead of its write: slowing it down shows nothing
-        specs["uninterrupted"]["env"][WATCH_DELAY_ENV] = str(WRITE_DELAY_S)
+        specs["uninterrupted"]["observer_options"]["delay"] = WRITE_DELAY_S
     if "crashed" in specs:
-        specs["crashed"]["env"]["DDPCOURSE_FAIL_AT_STEP"] = str(FAIL_AT_STEP)
+        specs["crashed"]["args"] += ["--fail-at-step", str(FAIL_AT_STEP)]
         specs["crashed"]["torchrun_args"] = ["--max-restarts", "1"]
     return specs
 
@@ -137,13 +136,14 @@ def _resume_checks(plain, crashed):
 
 def _atomic_problem(log):
     """What is wrong with how rank 0 wrote the checkpoint ("" if nothing), from the watched folder's log."""
-    if any(e["op"] == "save" and e["path"] == CHECKPOINT for e in log):
-        return (f"torch.save wrote {CHECKPOINT} itself: a crash during the write leaves half a checkpoint under "
-                "the name the restart loads. Save into a temporary file in the same folder, then "
+    if any(e["op"] == "open" and e["path"] == CHECKPOINT for e in log):
+        return (f"{CHECKPOINT} itself was opened for writing: a crash during the write leaves half a checkpoint "
+                "under the name the restart loads. Save into a temporary file in the same folder, then "
                 "os.replace(temporary, path): the name then points at the old file or the new one, never half")
     replaced = [e for e in log if e["op"] == "replace" and e["dst"] == CHECKPOINT]
     if not replaced:
-        return f"no file was renamed onto {CHECKPOINT}: write a temporary file, then os.replace(temporary, path)"
+        return (f"no file was renamed onto {CHECKPOINT} (torch.save(state, path) writes it in place): write a "
+                "temporary file, then os.replace(temporary, path)")
     for i, entry in enumerate(log):
         if entry["op"] != "replace" or entry["dst"] != CHECKPOINT:
             continue
@@ -160,14 +160,14 @@ def _atomic_problem(log):
 
 
 def _barrier_problem(run):
-    """A rank that returned from save_checkpoint before rank 0's checkpoint was in the folder ("" if none)."""
-    views = {rank: [e["files"] for e in values.get(WATCH_LOG_KEY, []) if e["op"] == "returned"]
-             for rank, values in run.reports.items()}
-    written = views.get(0, [])
-    for rank in sorted(views):
-        for call, (seen, wanted) in enumerate(zip(views[rank], written)):
-            if wanted.get(CHECKPOINT) is not None and seen.get(CHECKPOINT) != wanted[CHECKPOINT]:
-                state = "an older checkpoint" if seen.get(CHECKPOINT) else f"no {CHECKPOINT} at all"
+    """A rank that returned from save_checkpoint before rank 0's checkpoint was in the folder ("" if none):
+    each rank reports the digest of the checkpoint it found right after every save_checkpoint call."""
+    views = run.values("checkpoints_seen")
+    written = views[0]
+    for rank, seen in enumerate(views):
+        for call, (found, wanted) in enumerate(zip(seen, written)):
+            if wanted is not None and found != wanted:
+                state = "an older checkpoint" if found else f"no {CHECKPOINT} at all"
                 return (f"rank {rank} returned from save_checkpoint call {call + 1} while the folder held {state}: "
                         "it went on before rank 0 had written. Every rank (rank 0 too) must call dist.barrier() "
                         "after rank 0's write, or a rank can train on, or crash, with no checkpoint of this step")

@@ -12,7 +12,7 @@ sizes and the cap, independently of the lab.
 import math
 
 from ddpcourse.checks import ROUNDING, Check, LabCheck, agree
-from ddpcourse.diagnosis import EXCEPTION_KIND
+from ddpcourse.launch.diagnosis import EXCEPTION_KIND
 
 NPROCS = (1, 2, 3)
 CONFIG = {"steps": 3, "micro_batches": 3, "caps": [None, 256 / 2**20], "layout_caps": [None, 2.5],

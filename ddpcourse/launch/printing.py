@@ -1,11 +1,11 @@
 """What a run prints: every rank's lines as they come, and the one-paragraph verdict at the end.
 
-Terminal: tagged lines ``[rank r] text`` printed live. Jupyter: a live view (ddpcourse.display), then the
+Terminal: tagged lines ``[rank r] text`` printed live. Jupyter: a live view (ddpcourse.launch.live_view), then the
 lines grouped by rank, so a cell's permanent output is the same on every run.
 """
 import sys
 
-from ddpcourse.stacks import stacks_text
+from ddpcourse.launch.stacks import stacks_text
 
 
 class RunPrinter:
@@ -13,7 +13,7 @@ class RunPrinter:
         self.show = show
         self.view = None
         if show != "none" and in_jupyter():
-            from ddpcourse.display import LiveRunView
+            from ddpcourse.launch.live_view import LiveRunView
             self.view = LiveRunView(label, world_size, timeout)
 
     def line(self, rank, text):

@@ -100,7 +100,7 @@ def _torch_rows(report):
 
 
 def _allreduce_row(report, nproc=2):
-    from ddpcourse.launcher import DEFAULT_TIMEOUT, run
+    from ddpcourse.launch.launcher import DEFAULT_TIMEOUT, run
 
     script = os.path.join(os.path.dirname(__file__), "_doctor_allreduce.py")
     result = run(script, nproc=nproc, timeout=DEFAULT_TIMEOUT, show="none")
@@ -161,7 +161,7 @@ def doctor(launch=True):
 
 
 class _CallableModule(types.ModuleType):
-    """``ddpcourse.doctor`` is this module and, called, the doctor: one name, one meaning."""
+    """``ddpcourse.learner.doctor`` is this module and, called, the doctor: one name, one meaning."""
 
     def __call__(self, launch=True):
         return doctor(launch)

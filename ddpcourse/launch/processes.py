@@ -1,7 +1,7 @@
 """The processes of a run: find them, end them, and make them end themselves when nobody is left to.
 
-Every process of a run carries ``DDPCOURSE_RUN_ID=<id>`` in its environment (children inherit it), so a
-grandchild that left its session (setsid) or was re-parented is still found. Listing uses psutil, which
+Every process of a run carries ``DDPCOURSE_RUN_SPEC=<its run's spec>`` in its environment (children inherit
+it), so a grandchild that left its session (setsid) or was re-parented is still found. Listing uses psutil, which
 works on Linux, macOS and Windows (no /proc scan).
 
 Two layers, so that no process outlives its run:
@@ -18,8 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-RUN_ID_ENV = "DDPCOURSE_RUN_ID"
-LAUNCHER_PID_ENV = "DDPCOURSE_LAUNCHER_PID"  # the process whose run this is (a run is left over once it is gone)
+from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
+
 WATCH_INTERVAL = 0.2  # seconds between two looks at the parent: well within the 5 s a run may outlive its parent
 
 
@@ -50,12 +50,12 @@ def find_processes(env_entry):
     return found
 
 
-def processes_of_run(run_id):
-    """PIDs of every live process started by run ``run_id``."""
-    return find_processes(f"{RUN_ID_ENV}={run_id}") if run_id else []
+def processes_of_run(spec_path):
+    """PIDs of every live process of the run whose spec is ``spec_path``."""
+    return find_processes(f"{RUN_SPEC_ENV}={spec_path}") if spec_path else []
 
 
-def collect_tree(root_pids, run_id):
+def collect_tree(root_pids, spec_path):
     """psutil.Process objects of the run: the roots, all their descendants, every process with its marker.
 
     Collected before anything is killed: a killed parent's children are re-parented and lose their link."""
@@ -69,7 +69,7 @@ def collect_tree(root_pids, run_id):
         except psutil.Error:
             pass
     try:
-        for pid in processes_of_run(run_id):
+        for pid in processes_of_run(spec_path):
             if pid not in tree:
                 tree[pid] = psutil.Process(pid)
     except (psutil.Error, OSError):
@@ -90,12 +90,12 @@ def _kill_all(procs, wait=None):
         psutil.wait_procs(procs, timeout=wait)
 
 
-def kill_run(popens, run_id):
+def kill_run(popens, spec_path):
     """SIGKILL every process of the run (see collect_tree), then reap the ones this process started."""
     psutil = _psutil()
     for _ in range(3):  # a dying parent can fork once more: sweep until nothing is left
         try:
-            procs = collect_tree([p.pid for p in popens if p.poll() is None], run_id)
+            procs = collect_tree([p.pid for p in popens if p.poll() is None], spec_path)
         except (psutil.Error, OSError):
             procs = []
         for popen in popens:
@@ -125,7 +125,7 @@ def end_own_tree():
     psutil = _psutil()
     me = psutil.Process()
     try:
-        procs = collect_tree([me.pid], os.environ.get(RUN_ID_ENV, ""))
+        procs = collect_tree([me.pid], os.environ.get(RUN_SPEC_ENV, ""))
     except (psutil.Error, OSError):
         procs = []
     _kill_all(procs)
@@ -162,7 +162,7 @@ def listening_sockets(pids):
 # ----------------------------------------------------------------------------- left-over runs
 @dataclass
 class LeftoverRun:
-    run_id: str
+    spec_path: str    # its RunSpec, which names the launcher
     launcher_pid: int
     processes: list = field(default_factory=list)  # [(pid, command line)]
 
@@ -170,8 +170,8 @@ class LeftoverRun:
 def leftover_runs(include_active=False, select=None):
     """This user's course runs whose launcher (a kernel, a CLI) is gone, or every run if include_active.
 
-    A run is left over only when it names its launcher and that process is provably gone: a run started
-    by an older version (no launcher recorded) is left alone. select: keep only the runs it accepts."""
+    A run is left over only when its spec names its launcher and that process is provably gone: a run whose
+    spec cannot be read is left alone. select: keep only the runs it accepts."""
     psutil = _psutil()
     me = psutil.Process()
     user = me.username()
@@ -180,14 +180,22 @@ def leftover_runs(include_active=False, select=None):
         if proc.pid == me.pid or proc.info["username"] != user:
             continue
         environ = _environ(proc)
-        run_id = (environ or {}).get(RUN_ID_ENV)
-        if not run_id:
+        spec_path = (environ or {}).get(RUN_SPEC_ENV)
+        if not spec_path:
             continue
-        launcher = int(environ.get(LAUNCHER_PID_ENV) or 0)
-        run = runs.setdefault(run_id, LeftoverRun(run_id, launcher))
+        if spec_path not in runs:
+            runs[spec_path] = LeftoverRun(spec_path, _launcher_pid(spec_path))
+        run = runs[spec_path]
         run.processes.append((proc.pid, " ".join(proc.info["cmdline"] or [proc.name()])))
     found = [run for run in runs.values() if select is None or select(run)]
     return [run for run in found if include_active or (run.launcher_pid and not _alive_launcher(run))]
+
+
+def _launcher_pid(spec_path):
+    try:
+        return RunSpec.load(spec_path).launcher_pid
+    except (OSError, ValueError, TypeError):
+        return 0
 
 
 def _alive_launcher(run):
@@ -213,7 +221,7 @@ def end_leftover_runs(include_active=False, say=print, select=None):
             except psutil.Error:
                 continue
         _kill_all(procs, wait=5)
-        say(f"ended run {run.run_id[:12]}: {len(run.processes)} process(es)")
+        say(f"ended the run of {os.path.dirname(run.spec_path)}: {len(run.processes)} process(es)")
         for pid, command in run.processes:
             say(f"  {pid}  {command[:150]}")
     if not runs:

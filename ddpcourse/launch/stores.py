@@ -4,7 +4,7 @@ A TCPStore server listens on every interface by default; torch lets its creator 
 already listening instead (``master_listen_fd``), and a later ``TCPStore(..., multi_tenant=True)`` on the
 same port in the same process reuses that server. torchrun's c10d rendezvous store is created that way, so
 the agent creates it first, bound to 127.0.0.1, and torch then uses it. Rank 0's store for
-``init_process_group`` is left to torch (see ddpcourse._worker: doing the same there made ranks abort at exit).
+``init_process_group`` is left to torch (see ddpcourse.launch.rank: doing the same there made ranks abort at exit).
 """
 import socket
 from datetime import timedelta

@@ -2,7 +2,7 @@
 ``python -m ddpcourse reset NN`` (a lab back to its generated state, the learner's version kept).
 
 Introduced in notebooks/00_start_here.ipynb (end of section 5) and in README.md ("Workshops and
-self-study"). In a notebook: ``from ddpcourse.progress import status; status()``.
+self-study"). In a notebook: ``from ddpcourse.learner.progress import status; status()``.
 
 ``status`` looks at the learner's ``labs/`` and, for each lab, says one of
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from ddpcourse.launcher import DEFAULT_TIMEOUT
+from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files, lab_spelling
-from ddpcourse.todos import generated_text, open_todos, same_text, todo_status
+from ddpcourse.authoring.todos import generated_text, open_todos, same_text, todo_status
 
 STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
 NOT_STARTED, TODOS_OPEN, NO_COMPILE, CHECK_FAILS, PASSES, MISSING = (
@@ -155,11 +155,8 @@ def status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOU
 def room_line(labs=None, solutions=None):
     """One line for a room's shared document, nothing launched: ``ddpcourse 00:pass 01:todo2 02:new ...``.
 
-    new: as generated; todoK,K: open TODOs; syntax: does not compile; edited: every TODO done, not judged
-    here; pass: every world size of its check passed with this very text (the check cache, when one is set);
-    missing: no file."""
-    from ddpcourse.checks import passed_before
-
+    new: as generated; todoK,K: open TODOs; syntax: does not compile; edited: every TODO done (whether it
+    passes is the check's to say: ``status`` runs it); missing: no file."""
     labs_dir = Path(labs or COURSE_ROOT / "labs")
     cells = []
     for number, solution in solution_files(solutions).items():
@@ -175,7 +172,7 @@ def room_line(labs=None, solutions=None):
             elif not todos.done:
                 state = "todo" + ",".join(map(str, todos.numbers))
             else:
-                state = "pass" if passed_before(path) else "edited"
+                state = "edited"
         cells.append(f"{number}:{state}")
     return " ".join(["ddpcourse", *cells])
 

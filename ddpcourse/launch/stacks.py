@@ -1,7 +1,7 @@
 """Where each rank is: ask the live ranks for their Python stacks and format the lab's thread.
 
 Each worker registers faulthandler on SIGUSR1, writing every thread's stack to ``rank<r>.stacks`` in the
-run folder (ddpcourse._worker). Windows has no SIGUSR1: there a timeout shows no stacks.
+run folder (ddpcourse.launch.rank). Windows has no SIGUSR1: there a timeout shows no stacks.
 """
 import linecache
 import os
@@ -64,7 +64,7 @@ def format_stack(raw, lab_file):
         return raw.strip()
     out = []
     for filename, lineno, func in lab_threads[-1]:
-        if "runpy" in filename or filename.endswith("_worker.py"):
+        if "runpy" in filename or filename.endswith(os.path.join("launch", "rank.py")):
             break
         if filename.startswith("<frozen importlib"):  # the import machinery: noise between modules
             continue

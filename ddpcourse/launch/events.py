@@ -1,12 +1,12 @@
 """The event protocol between a rank and the launcher: one JSON line per event, one file per rank.
 
-The worker (ddpcourse._worker) and ``report()`` write ``rank<r>.events`` in the run folder
-($DDPCOURSE_RUN_DIR); the launcher reads them while the run goes on and once it is over. Kinds:
+The rank bootstrap (ddpcourse.launch.rank) and ``report()`` write ``rank<r>.events`` in the run folder (its
+RunSpec's run_dir); the launcher reads them while the run goes on and once it is over. Kinds:
 
     started      the worker began (pid, local_rank, restart: torchrun's restart count)
     ready        the script is about to run: imports are done, the launcher's timeout starts
     report       values the script passed to report(...)
-    wrote        a file written under a watched folder (a worker hook, see ddpcourse._worker)
+    wrote        a file written under a watched folder (a check's observer: ddpcourse.checks.write_observer)
     exception    the exception that ended the rank (type, message, traceback, todo, lab_line)
     exit         sys.exit with a non-zero code (code, message)
     finished     the script ran to its end (process_group_open: the default group was still initialized)
@@ -19,7 +19,8 @@ import os
 import time
 from pathlib import Path
 
-RUN_DIR_ENV = "DDPCOURSE_RUN_DIR"
+from ddpcourse.launch.spec import current_spec
+
 STARTED, READY, REPORT, WROTE = "started", "ready", "report", "wrote"
 EXCEPTION, EXIT, FINISHED, INTERRUPTED = "exception", "exit", "finished", "interrupted"
 ENDINGS = (EXCEPTION, EXIT, FINISHED, INTERRUPTED)
@@ -31,9 +32,10 @@ def _rank():
 
 def write_event(kind, **fields):
     """Append one event to this rank's event file; a no-op outside the launcher."""
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir:
+    spec = current_spec()
+    if spec is None:
         return
+    run_dir = spec.run_dir
     event = {"event": kind, "time": time.time(), "pid": os.getpid(), **fields}
     line = (json.dumps(event) + "\n").encode("utf-8")
     # One write() of the whole line in append mode: a reader sees it whole or not at all (killed mid-write:

@@ -1,0 +1,148 @@
+"""What every rank runs: ``python -m ddpcourse.launch.rank FILE ARGS...``, started by torchrun as a fresh
+interpreter (its default, the way a learner's own jobs start). It runs FILE as ``python FILE`` would and
+leaves the launcher (ddpcourse.launch.launcher) the evidence it needs to tell a learner what happened, as
+events in the run folder (ddpcourse.launch.events):
+- the rank's stdout and stderr go, in order, to one log file per rank (the launcher tags and streams it);
+- ``faulthandler`` dumps every thread's Python stack to a file on SIGUSR1 (used at a timeout);
+- torch is imported *before* the "ready" event when the script imports it, so the launcher's timeout
+  measures the script, not the imports;
+- the exception that ended the rank, or its exit code, is recorded with a timestamp, so the launcher can name
+  the root-cause rank instead of printing torchrun's wall of text; torch's ``ErrorHandler`` also writes it to
+  torchrun's error file, so torchrun's own summary names it (the launcher reads it back from the agent's
+  ``ChildFailedError.failures``);
+- at the end of the script it records whether the default process group is still open (a lab must call
+  ``dist.destroy_process_group()``; the launcher reports an open one);
+- a watchdog ends the rank and its children if its parent (torchrun's agent) dies;
+- a check's observer named in the run's spec is called before the script runs (lab 05's check watches
+  which ranks write its checkpoints, and how: ddpcourse.checks.write_observer).
+Rank 0's store for init_process_group is torch's own (it listens on every interface while rank 0 runs):
+handing it a loopback socket, as the agent does for the rendezvous store, made ranks abort at exit more often.
+"""
+import ast
+import faulthandler
+import importlib
+import os
+import runpy
+import signal
+import sys
+import traceback
+
+from ddpcourse.authoring.todos import todo_in_message
+from ddpcourse.launch.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, STARTED, write_event
+from ddpcourse.launch.processes import watch_parent
+from ddpcourse.launch.spec import current_spec
+
+
+def _redirect_output(run_dir, rank):
+    # Raw descriptors, not file objects: nothing for Python to warn about ("unclosed file") at exit.
+    log = os.open(os.path.join(run_dir, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 1)  # both streams into one file keeps their relative order
+    os.dup2(log, 2)
+    os.close(log)
+    stacks = os.open(os.path.join(run_dir, f"rank{rank}.stacks"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    faulthandler.enable(file=2)  # a segfault still leaves a stack in the log
+
+
+def _lab_frames(tb, lab_file):
+    """The traceback entries from the lab file onwards (the bootstrap and runpy are noise)."""
+    entries = traceback.extract_tb(tb)
+    for i, entry in enumerate(entries):
+        if os.path.abspath(entry.filename) == lab_file:
+            return entries[i:]
+    return entries
+
+
+def _record_exception(exc, lab_file):
+    frames = _lab_frames(exc.__traceback__, lab_file)
+    text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+    text += "".join(traceback.format_exception_only(type(exc), exc))
+    fields = {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+    lab_lines = [f for f in frames if os.path.abspath(f.filename) == lab_file]
+    if lab_lines:
+        fields["lab_line"] = lab_lines[-1].lineno
+    todo = todo_in_message(str(exc)) if isinstance(exc, NotImplementedError) else None
+    if todo:
+        fields["todo"] = {"number": todo[0], "hint": todo[1]}
+    # Not printed here: the launcher prints the root-cause rank's traceback once, not once per rank.
+    write_event(EXCEPTION, **fields)
+    if "torch" in sys.modules:  # torchrun's error file ($TORCHELASTIC_ERROR_FILE), written by torch's own handler
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(exc)
+
+
+def _imports_torch(lab_file):
+    """Whether the script imports torch (directly, or through the course's lab helpers)."""
+    try:
+        with open(lab_file, "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.split(".")[0] == "torch" or node.module in ("ddpcourse.lab", "ddpcourse.toy"):
+                return True
+            if node.module == "ddpcourse" and any(a.name in ("init_distributed", "compare_replicas") for a in node.names):
+                return True
+    return False
+
+
+def _call_observer(spec, lab_file):
+    if spec.observer:
+        module, _, function = spec.observer.partition(":")
+        getattr(importlib.import_module(module), function)(spec, lab_file)
+
+
+def _process_group_open():
+    distributed = sys.modules.get("torch.distributed")
+    return bool(distributed and distributed.is_available() and distributed.is_initialized())
+
+
+def _finished():
+    """Record the end of the script and whether the default process group is still open."""
+    write_event(FINISHED, process_group_open=_process_group_open())
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m ddpcourse.launch.rank FILE [ARGS...]")
+    lab_file = os.path.abspath(sys.argv[1])
+    spec = current_spec()
+    rank = int(os.environ.get("RANK", "0"))
+    _redirect_output(spec.run_dir, rank)
+    watch_parent()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    write_event(STARTED, local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
+    if restart:  # the same log continues: mark where the new attempt begins
+        print(f"--- torchrun restarted this rank (restart {restart}) ---", flush=True)
+    if _imports_torch(lab_file):
+        import torch  # noqa: F401 - the script's own import is then instant
+        import torch.distributed  # noqa: F401
+    _call_observer(spec, lab_file)
+    sys.argv = [lab_file] + sys.argv[2:]
+    sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would
+    write_event(READY)
+    try:
+        runpy.run_path(lab_file, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        if code in (None, 0):
+            _finished()
+        else:
+            write_event(EXIT, code=code if isinstance(code, int) else 1, message=str(code))
+        raise
+    except KeyboardInterrupt:
+        write_event(INTERRUPTED)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - recorded, then the rank fails as it would have
+        _record_exception(exc, lab_file)
+        sys.exit(1)
+    _finished()
+
+
+if __name__ == "__main__":
+    main()
