@@ -29,7 +29,7 @@ def detail(report, name_part):
 def wrong_version(solution_name, *edits, nproc=2):
     """Declare the wrong version a test judges: solutions/<solution_name> with ``edits`` applied (see mutant),
     checked on ``nproc`` ranks (None: the check's own world sizes). The test receives its CheckReport as the
-    ``report`` fixture; tests/conftest.py checks every selected version ahead, in worker processes."""
+    ``report`` fixture (tests/conftest.py)."""
     def declare(test):
         test.wrong_version = (solution_name, edits, nproc)
         return test

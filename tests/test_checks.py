@@ -3,18 +3,47 @@ wrong versions fail with the message that names the mistake."""
 import pytest
 
 from ddpcourse.__main__ import main
-from ddpcourse.checks import CACHE_ENV, check_lab
+import re
+
+from ddpcourse.authoring.notebooks import notebook_files
+from ddpcourse.checks import check_lab, declared_check
 from ddpcourse.authoring.makelabs import make_lab
 from ddpcourse.paths import COURSE_ROOT, lab_files
 from ddpcourse.authoring.todos import reveal_hint, solution_regions, todo_line
 from helpers import detail, wrong_version
 
 SOLUTIONS = lab_files(COURSE_ROOT / "solutions")
+CHECK_CALL = re.compile(r'check_lab\("(?:\.\./solutions/)?(\d\d)[^"]*"(?:, nproc=(\d+))?\)')
 
 
-@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
-def test_solution_passes_its_check(solution):
-    report = check_lab(solution, quiet=True)
+def notebook_checks():
+    """{(lab number, world size)} that the notebooks' own check cells judge. Under this suite those cells
+    check solutions/ (conftest.py) and nbval compares their output with the committed "lab passes"."""
+    import json
+
+    judged = set()
+    for notebook in notebook_files():
+        for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+            if cell["cell_type"] != "code":
+                continue
+            for number, size in CHECK_CALL.findall("".join(cell["source"])):
+                judged |= {(number, int(s)) for s in ((size,) if size else declared_check(number).nprocs)}
+    return judged
+
+
+NOTEBOOK_CHECKS = notebook_checks()
+LEFT_TO_THIS_FILE = [(solution, size) for solution in SOLUTIONS for size in declared_check(solution.name[:2]).nprocs
+                     if (solution.name[:2], size) not in NOTEBOOK_CHECKS]
+
+
+def test_every_solution_has_a_notebook_check_cell():
+    assert {number for number, _ in NOTEBOOK_CHECKS} == {solution.name[:2] for solution in SOLUTIONS}
+
+
+@pytest.mark.parametrize("solution, nproc", LEFT_TO_THIS_FILE, ids=lambda v: getattr(v, "name", str(v)))
+def test_solution_passes_where_no_notebook_checks_it(solution, nproc):
+    """Each solution passes its check at every world size: here for the sizes no notebook cell judges."""
+    report = check_lab(solution, nproc=nproc, quiet=True)
     assert report.passed, "\n".join(map(str, report.failures))
 
 
@@ -71,7 +100,6 @@ def test_a_value_the_lab_did_not_report_is_a_fail_naming_it(tmp_path, monkeypatc
         return RunResult(file=str(path), nproc=nproc, returncode=0, duration=1.0, reports=reports, launched=True)
 
     monkeypatch.setattr("ddpcourse.checks.launch", launched)
-    monkeypatch.delenv(CACHE_ENV, raising=False)  # the solution's real verdict may be cached: judge this run
     report = check_lab(SOLUTIONS[0], nproc=2, quiet=True)
     assert not report.passed and report.launched
     (failure,) = report.failures
@@ -108,101 +136,6 @@ def test_lab00_result_on_rank0_only_and_in_place_reduction(report):
     inputs = detail(report, "left unchanged")
     assert not inputs.passed and "reduce a clone()" in inputs.detail
     assert "rank 0: local_grad_norm became 6 (was 1): global_max changed its input in place" in inputs.detail
-
-
-def test_check_cache_keeps_only_passing_verdicts_of_identical_inputs(tmp_path, monkeypatch):
-    from ddpcourse.checks import CACHE_ENV, Check, _cached, _remember
-    from ddpcourse.checks import lab00 as module
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
-    lab = tmp_path / "00_first_collectives.py"
-    lab.write_text("print('v1')\n")
-    _remember(lab, module, 2, [Check("a", True), Check("b", False, "why")])
-    assert _cached(lab, module, 2) is None  # a failure is never reused
-    _remember(lab, module, 2, [Check("a", True)])
-    assert [c.name for c in _cached(lab, module, 2)] == ["a"]
-    assert _cached(lab, module, 3) is None  # another world size
-    elsewhere = tmp_path / "copy" / lab.name  # the key is the content, not the path (test_learner_path's copy)
-    elsewhere.parent.mkdir()
-    elsewhere.write_text(lab.read_text())
-    assert [c.name for c in _cached(elsewhere, module, 2)] == ["a"]
-    lab.write_text("print('v2')\n")
-    assert _cached(lab, module, 2) is None  # another lab text
-
-
-def test_a_verdict_another_process_is_computing_is_awaited_and_a_dead_claim_is_void(tmp_path, monkeypatch):
-    """The suite computes the solutions' verdicts in a background process (conftest.py): a check that needs
-    one of them meanwhile waits for it instead of launching the same runs again."""
-    import subprocess
-    import sys
-    import threading
-    import time
-
-    from ddpcourse.checks import CACHE_ENV, Check, _cache_file, _cached, _claim_file, _remember
-    from ddpcourse.checks import lab00 as module
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    lab = tmp_path / "00_first_collectives.py"
-    lab.write_text("print('v1')\n")
-    claim = _claim_file(_cache_file(lab, module, 2))
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        claim.write_text(str(other.pid))  # another live process is checking this very text on 2 ranks
-        assert _cached(lab, module, 2) is None  # without wait (the status table): no verdict yet
-
-        def verdict_arrives():
-            _remember(lab, module, 2, [Check("a", True)])
-            claim.unlink()
-
-        threading.Timer(0.5, verdict_arrives).start()
-        start = time.monotonic()
-        assert [c.name for c in _cached(lab, module, 2, wait=True)] == ["a"]
-        assert time.monotonic() - start >= 0.4  # it waited for the other process's verdict
-    finally:
-        other.kill()
-        other.wait()
-    _claim_file(_cache_file(lab, module, 3)).write_text(str(other.pid))  # its claimant died (a crashed check)
-    start = time.monotonic()
-    assert _cached(lab, module, 3, wait=True) is None  # nothing to wait for: this process checks it itself
-    assert time.monotonic() - start < 1.0
-
-
-def test_check_lab_runs_in_threads_one_judgement_at_a_time(monkeypatch):
-    """check_lab may be called from threads (a notebook's widgets, a caller's pool); the checks recompute
-    expected values with torch's global RNG (toy.build_model seeds it), so two judgements must not interleave."""
-    import threading
-    import time
-
-    import torch
-
-    from ddpcourse.checks import Check
-    from ddpcourse.checks import lab00 as module
-    from ddpcourse.launch.launcher import RunResult
-
-    def launched(path, nproc, **kwargs):
-        return RunResult(file=str(path), nproc=nproc, returncode=0, duration=1.0, launched=True)
-
-    torch.manual_seed(1)
-    expected = torch.rand(2).tolist()
-
-    def seeded_draws(run):
-        torch.manual_seed(1)
-        first = torch.rand(1).item()
-        time.sleep(0.2)  # the other thread's judgement would reseed the RNG and draw here
-        return [Check("the draws of seed 1", [first, torch.rand(1).item()] == expected)]
-
-    monkeypatch.setattr("ddpcourse.checks.launch", launched)
-    monkeypatch.setattr(module, "LAB_CHECK", module.LabCheck(judge=seeded_draws, nprocs=module.NPROCS))
-    monkeypatch.delenv(CACHE_ENV, raising=False)
-    reports = []
-    threads = [threading.Thread(target=lambda: reports.append(check_lab(SOLUTIONS[0], nproc=2, quiet=True)))
-               for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert [report.passed for report in reports] == [True, True]
 
 
 def test_every_lab_declares_its_check():

@@ -250,7 +250,7 @@ def test_plain_torchrun_advertises_getfqdn_unless_local_addr(monkeypatch):
     monkeypatch.setattr(socket, "getfqdn", lambda *args: "laptop.vpn.example.invalid")
     assert RendezvousStoreInfo.build(0, dist.HashStore(), local_addr=None).master_addr == "laptop.vpn.example.invalid"
     assert RendezvousStoreInfo.build(0, dist.HashStore(), local_addr="127.0.0.1").master_addr == "127.0.0.1"
-    command = build_command("lab.py", 2)
+    command = build_command(2, ["lab.py"])
     assert command[command.index("--local-addr") + 1] == "127.0.0.1"  # the course's launcher always sets it
     assert "`torchrun --standalone --local-addr 127.0.0.1 ...`" in TROUBLESHOOTING
     assert "`GLOO_SOCKET_IFNAME=lo0` on macOS" in TROUBLESHOOTING

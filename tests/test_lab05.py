@@ -15,7 +15,7 @@ SAVE = """        with open(temporary, "wb") as file:
                ("        os.replace(temporary, path)", "        pass"), nproc=2)
 def test_missing_set_epoch_resume_from_step_0_and_checkpoint_written_in_place(report):
     atomic = detail(report, "writes atomically")
-    assert not atomic.passed and "torch.save wrote checkpoint.pt itself" in atomic.detail
+    assert not atomic.passed and "checkpoint.pt itself was opened for writing" in atomic.detail
     assert "os.replace(temporary, path)" in atomic.detail
     order = detail(report, "new order")
     assert not order.passed and "call sampler.set_epoch(epoch)" in order.detail
@@ -48,6 +48,18 @@ def test_every_rank_writing_the_checkpoint(report):
     assert not report.passed
     # two writers race on one file: the run may even crash; either way the check names the writers
     assert any("ranks [0, 1] wrote into the checkpoint folder" in c.detail for c in report.failures)
+
+
+@wrong_version(LAB, (SAVE + """  # torch.save flushes the file object when it is done
+            os.fsync(file.fileno())  # the bytes are on the disk before a name points at them
+        os.replace(temporary, path)  # atomic: a crash leaves the old checkpoint or the new one, never half""",
+                    "        torch.save(state, path)"), nproc=2)
+def test_torch_save_straight_onto_the_checkpoint(report):
+    """torch.save(state, path) opens the file from C++, where no audit event reports it: the check still fails."""
+    atomic = detail(report, "writes atomically")
+    assert not atomic.passed and "no file was renamed onto checkpoint.pt" in atomic.detail
+    writers = detail(report, "only rank 0 writes")
+    assert not writers.passed and "torch.save(state, path), which writes in place" in writers.detail
 
 
 def test_slurm_template_is_valid_bash_and_launches_torchrun_per_node():

@@ -15,7 +15,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 from nbval.plugin import coalesce_streams, find_comment_markers, get_sanitize_patterns
 
-from ddpcourse import notebooks as nbfiles
+from ddpcourse.authoring import notebooks as nbfiles
 from ddpcourse.paths import COURSE_ROOT, lab_files
 from ddpcourse.learner.quiz import ANSWERS_FOLDER, plain_text
 

@@ -49,7 +49,9 @@ def _writers_problem(runs):
     if writers == [0]:
         return ""
     if not writers:
-        return "no rank wrote a file into the checkpoint folder: save_checkpoint never wrote"
+        return ("no rank opened a file in the checkpoint folder for writing or renamed one into it: save_checkpoint "
+                "never wrote, or wrote with torch.save(state, path), which writes in place (open the temporary "
+                "file yourself, then os.replace it onto the checkpoint)")
     return (f"ranks {writers} wrote into the checkpoint folder: the replicas are identical, so rank 0 alone "
             "writes (if rank == 0: ...) and every rank waits at dist.barrier(); several writers race on one file")
 
