@@ -58,7 +58,7 @@ def main():
     if os.environ.get(RANK_ENV):
         return measure(options.rounds, options.steps)
 
-    from ddpcourse.launcher import run
+    from ddpcourse.launch.launcher import run
 
     result = run(__file__, nproc=2, args=["--rounds", str(options.rounds), "--steps", str(options.steps)],
                  env={RANK_ENV: "1"}, timeout=600, show="none")

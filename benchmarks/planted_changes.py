@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ddpcourse.checks import CACHE_ENV, check_lab  # noqa: E402
-from ddpcourse.makelabs import BEGIN, END  # noqa: E402
+from ddpcourse.checks import check_lab  # noqa: E402
+from ddpcourse.authoring.makelabs import BEGIN, END  # noqa: E402
 from ddpcourse.paths import COURSE_ROOT, lab_files  # noqa: E402
 
 REDUCE_OPS = {"SUM": ("AVG", "MAX"), "AVG": ("SUM",), "MAX": ("SUM",)}
@@ -167,7 +167,6 @@ def main():
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per launch before it counts as a hang")
     parser.add_argument("--list", action="store_true", help="only list the planted changes")
     options = parser.parse_args()
-    os.environ.pop(CACHE_ENV, None)  # every mutant is judged afresh
     solutions = [s for s in lab_files(COURSE_ROOT / "solutions")
                  if not options.lab or s.name[:2] in options.lab]
     if options.list:

@@ -1,8 +1,8 @@
 """Where the course's files are, and which copy of a lab a cell runs.
 
 Introduced in notebooks/00_start_here.ipynb. ``run_lab("00")`` means ``labs/00_*.py`` (the learner's
-copy) unless the environment variable DDPCOURSE_LAB_SOURCE=solutions is set: the test suite sets it so
-that CI runs every notebook against the complete solutions.
+copy) unless DDPCOURSE_LAB_SOURCE=solutions is set: an instructor's demo mode (docs/instructors.md, "What
+to demo live"), in which the notebooks run the complete solutions; the suite runs the notebooks that way.
 """
 import os
 import re

@@ -15,26 +15,10 @@ import os
 import sys
 import uuid
 
+from ddpcourse.launch.events import SERVE_STORE, failures_file
 from ddpcourse.launch.processes import watch_parent
 from ddpcourse.launch.spec import current_spec
 from ddpcourse.launch.stores import serve_store_on_loopback
-
-SERVE_STORE = "--serve-store"
-
-
-def failures_file(run_dir, pid):
-    return os.path.join(run_dir, f"agent-{pid}.failures.json")
-
-
-def read_failures(run_dir):
-    """{rank: {exitcode, local_rank, pid, message}} of every failed rank, from every agent of the run."""
-    found = {}
-    for name in sorted(os.listdir(run_dir)):
-        if name.startswith("agent-") and name.endswith(".failures.json"):
-            with open(os.path.join(run_dir, name), encoding="utf-8") as f:
-                found.update({int(rank): row for rank, row in json.load(f).items()})
-    return found
-
 
 def _with_loopback_store(argv):
     """The torchrun options, with the rendezvous store this agent must serve already listening on loopback.

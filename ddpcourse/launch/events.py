@@ -1,4 +1,5 @@
-"""The event protocol between a rank and the launcher: one JSON line per event, one file per rank.
+"""The files of a run folder between the ranks, the agents and the launcher: events (one JSON line per event,
+one file per rank) and the agents' saved failures.
 
 The rank bootstrap (ddpcourse.launch.rank) and ``report()`` write ``rank<r>.events`` in the run folder (its
 RunSpec's run_dir); the launcher reads them while the run goes on and once it is over. Kinds:
@@ -24,6 +25,7 @@ from ddpcourse.launch.spec import current_spec
 STARTED, READY, REPORT, WROTE = "started", "ready", "report", "wrote"
 EXCEPTION, EXIT, FINISHED, INTERRUPTED = "exception", "exit", "finished", "interrupted"
 ENDINGS = (EXCEPTION, EXIT, FINISHED, INTERRUPTED)
+SERVE_STORE = "--serve-store"  # the agent option of the one agent that serves a multi-node run's store
 
 
 def _rank():
@@ -131,3 +133,18 @@ class EventReader:
             if event.get("event") == REPORT:
                 merged.update(event["values"])
         return merged
+
+
+# ----------------------------------------------------------------------------- the agents' failures
+def failures_file(run_dir, pid):
+    return os.path.join(run_dir, f"agent-{pid}.failures.json")
+
+
+def read_failures(run_dir):
+    """{rank: {exitcode, local_rank, pid, message}} of every failed rank, from every agent of the run."""
+    found = {}
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("agent-") and name.endswith(".failures.json"):
+            with open(os.path.join(run_dir, name), encoding="utf-8") as f:
+                found.update({int(rank): row for rank, row in json.load(f).items()})
+    return found

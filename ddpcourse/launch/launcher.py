@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpcourse.launch import diagnosis
-from ddpcourse.launch.agent import read_failures
 from ddpcourse.launch.diagnosis import RankFailure  # noqa: F401 - part of this module's API
-from ddpcourse.launch.agent import SERVE_STORE
 from ddpcourse.launch.cores import threads_per_rank
-from ddpcourse.launch.events import ENDINGS, READY, STARTED, WROTE, EventReader, RankFiles
+from ddpcourse.launch.events import ENDINGS, READY, SERVE_STORE, STARTED, WROTE, EventReader, RankFiles, read_failures
 from ddpcourse.launch.printing import RunPrinter, verdict
 from ddpcourse.launch.processes import kill_run, processes_of_run  # noqa: F401 - processes_of_run: notebook 00
 from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec

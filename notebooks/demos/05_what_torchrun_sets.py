@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ddpcourse import report
-from ddpcourse.processes import listening_sockets
+from ddpcourse.launch.processes import listening_sockets
 
 TORCHRUN_VARIABLES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
