@@ -19,7 +19,8 @@ def conda_pip_pins():
 
 def test_environment_yml_and_requirements_pin_the_same_versions():
     required = pins()
-    assert set(required) == {"torch", "jupyterlab", "nbval", "ipywidgets", "matplotlib", "pytest", "psutil"}
+    assert set(required) == {"torch", "jupyterlab", "nbval", "ipywidgets", "matplotlib", "pytest", "psutil",
+                             "pytest-xdist", "import-linter"}
     assert conda_pip_pins() == required
 
 
