@@ -1,14 +1,14 @@
 """The launcher against deliberately broken scripts: each must end within its limits with a clear message
-and leave no process behind. Launches are the cost here (every interpreter that imports torch takes
-~1.4 s of CPU): scripts that do not need torch avoid it, one-rank runs skip torchrun's agent, and the
-pure logic (root causes, event files, threads, cleanup) is tested without any launch."""
+and leave no process behind. Launches are the cost here: every run, one rank too, starts torchrun's agent
+(an interpreter that imports torch, ~1.4 s of CPU) and each rank as a fresh interpreter. So scripts that do
+not need torch avoid it, tests that can share a launch share it (a module fixture, or two runs at once), and
+the pure logic (commands, root causes, event files, threads, cleanup) is tested without any launch."""
 import builtins
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -18,15 +18,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ddpcourse import diagnosis, launcher, processes
+from ddpcourse.launch import diagnosis, processes
+from ddpcourse.launch.cores import cgroup_cpu_quota, threads_per_rank
 from ddpcourse.launch.events import EventReader
-from ddpcourse.launch.launcher import (RUN_ID_ENV, STARTUP_TIMEOUT, build_env, cgroup_cpu_quota, find_processes,
-                                processes_of_run, run, threads_per_rank)
+from ddpcourse.launch.launcher import STARTUP_TIMEOUT, build_command, build_env, run
+from ddpcourse.launch.processes import find_processes, processes_of_run
+from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
 
 SLACK = 15.0  # a failure ends within timeout + 15 s
 
 
 def script(tmp_path, name, body):
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
     return path
@@ -44,16 +47,27 @@ def line_is(path, text):
     return next(i for i, line in enumerate(lines, start=1) if line.strip() == text)
 
 
-def torchrun_log_folders():
-    return set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
+def run_tmpdir(path):
+    """A temporary folder of the run's own (its processes' $TMPDIR) beside the script ``path``: a folder that
+    torchrun would leave behind (``torchelastic_*``) shows up there, not among other programs' in /tmp."""
+    folder = Path(path).parent / "run_tmpdir"
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
-def launch(path, nproc=2, timeout=30.0, **kwargs):
-    start, folders = time.monotonic(), torchrun_log_folders()
-    result = run(path, nproc=nproc, timeout=timeout, show="none", **kwargs)
+def torchrun_log_folders(tmpdir):
+    return sorted(Path(tmpdir).glob("torchelastic_*"))
+
+
+def launch(path, nproc=2, timeout=30.0, env=None, **kwargs):
+    """run() without output, then check what every run must leave: it ended within its limits, no process of
+    the run is left, and torchrun left no log folder in the run's $TMPDIR (run_tmpdir)."""
+    tmpdir, start = run_tmpdir(path), time.monotonic()
+    result = run(path, nproc=nproc, timeout=timeout, show="none", env={"TMPDIR": str(tmpdir), **(env or {})},
+                 **kwargs)
     assert time.monotonic() - start < STARTUP_TIMEOUT + timeout + SLACK
     assert processes_of_run(result.run_id) == []
-    assert torchrun_log_folders() == folders  # torchrun's log folder was in the run's folder, deleted with it
+    assert torchrun_log_folders(tmpdir) == []  # torchrun's log folder was in the run's folder, deleted with it
     return result
 
 
@@ -84,85 +98,10 @@ def test_exception_on_one_rank_names_that_rank(tmp_path):
     assert "ChildFailedError" not in result.message  # torchrun's wall of text stays hidden
 
 
-def test_unfinished_todo_reads_as_such_on_one_rank_without_torchrun(tmp_path, monkeypatch):
-    """Also a worker hook (how a check watches a script): called with the script's path before it runs."""
-    script(tmp_path, "my_hook.py", """
-        from ddpcourse import report
-        def before(lab_file):
-            report(hooked=lab_file)
-        """)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    path = script(tmp_path, "07_todo_lab.py", """
-        import os
-        def step():
-            # TODO 2: all_reduce the gradients
-            raise NotImplementedError("TODO 2: all_reduce the gradients")
-        print("parent", os.getppid())
-        step()
-        """)
-    result = launch(path, nproc=1, timeout=30, env={"DDPCOURSE_WORKER_HOOKS": "my_hook:before"})
-    assert result.reports[0]["hooked"] == str(path)
-    failure = result.failure
-    assert (failure.kind, failure.todo, failure.rank, failure.exitcode) == ("todo", 2, 0, 1)
-    assert failure.hint == "all_reduce the gradients"
-    assert "TODO 2 in" in result.message and "07_todo_lab.py is not done yet" in result.message
-    # one rank, no torchrun options: the worker is this process's own child, no agent in between
-    assert result.output[0][0] == f"parent {os.getpid()}"
-
-
-def test_a_process_group_left_open_fails_the_run(tmp_path):
-    """No os._exit shortcut: a script that forgets destroy_process_group() is told so, by rank."""
-    path = script(tmp_path, "forgets_destroy.py", """
-        import torch, torch.distributed as dist
-        dist.init_process_group("gloo")
-        dist.all_reduce(torch.ones(1))
-        """)
-    result = launch(path, nproc=1, timeout=30)
-    assert not result.ok and result.failure.kind == "open_process_group" and result.failure.rank == 0
-    assert result.message == ("FAILED: rank 0 ended with its process group open: call "
-                              "dist.destroy_process_group() at the end of the script.")
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ranks are forked on Linux only")
-def test_forked_ranks_skip_the_import_yet_start_as_fresh_processes(tmp_path):
-    """torchrun forks the ranks from its agent (torch already imported there), but what a fresh `python`
-    would have is restored: default SIGTERM (the agent's raises an exception), no atexit handlers of the
-    agent's, and the script's own atexit handlers still run; a rank that ends with its group open is named."""
-    path = script(tmp_path, "fresh.py", """
-        import atexit, os, signal, sys
-        from ddpcourse import report
-        atexit.register(report, atexit_ran=True)
-        report(torch_loaded="torch" in sys.modules, parent=os.getppid(), pid=os.getpid(),
-               sigterm_default=signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
-        import torch.distributed as dist
-        dist.init_process_group("gloo")
-        """)
-    result = launch(path, nproc=2)
-    assert result.values("torch_loaded") == [True, True]  # forked from the agent: no second import
-    assert len(set(result.values("parent"))) == 1 and result.values("parent")[0] not in result.values("pid")
-    assert result.values("sigterm_default") == [True, True]
-    assert result.values("atexit_ran") == [True, True]
-    assert not result.ok and result.failure.kind == "open_process_group" and result.failure.rank == 0
-    assert result.failure.message.startswith("rank 0 ended with its process group open (ranks [1] too)")
-
-
-def test_runs_torchrun_may_restart_are_built_with_fresh_interpreter_ranks(monkeypatch):
-    """The launcher's choice and the command it builds (nothing is launched here)."""
-    monkeypatch.delenv(launcher.FORK_RANKS_ENV, raising=False)
-    on_linux = sys.platform.startswith("linux")
-    assert launcher.forks_ranks([]) is on_linux
-    assert launcher.forks_ranks(["--max-restarts", "0"]) is on_linux
-    for options in (["--max-restarts", "1"], ["--max_restarts=3"]):
-        assert launcher.forks_ranks(options) is False
-        assert launcher.build_command("x.py", 2, torchrun_args=options)[-3:] == ["-m", "ddpcourse.launch.rank", "x.py"]
-    monkeypatch.setenv(launcher.FORK_RANKS_ENV, "0")
-    assert launcher.forks_ranks([]) is False
-
-
 def _forbid_proc_reads_from_course_code(monkeypatch):
     """Make /proc unavailable to ddpcourse's own code (psutil, which uses the OS's own interface on each
     platform, still works): the cleanup must not depend on a Linux-only scan."""
-    course = str(Path(processes.__file__).parent)
+    course = str(Path(processes.__file__).parent.parent)
 
     def guarded(original):
         def call(path, *args, **kwargs):
@@ -190,32 +129,154 @@ def _gone(pid):
         return True
 
 
-def test_grandchildren_are_killed_without_reading_proc(tmp_path, monkeypatch):
-    listed = _forbid_proc_reads_from_course_code(monkeypatch)
-    path = script(tmp_path, "spawner.py", """
-        import atexit, subprocess, sys
-        from ddpcourse import report
-        atexit.register(report, atexit_ran=True)  # the rank's teardown still runs its atexit handlers
-        sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
-        child = subprocess.Popen(sleeper)                           # stays in the process group
-        escaped = subprocess.Popen(sleeper, start_new_session=True)  # leaves it (setsid)
-        report(pids=[child.pid, escaped.pid])
-        """)
-    result = launch(path, nproc=1, timeout=30)
-    assert result.ok, result.message
+# ----------------------------------------------------------------------------- one rank, one launch
+OBSERVER = """
+    calls = []
+
+    def observe(spec, lab_file):
+        calls.append({"spec": spec.path, "file": spec.file, "lab_file": lab_file, "launcher_pid": spec.launcher_pid,
+                      "options": spec.observer_options})
+    """
+
+ONE_RANK = """
+    import sys
+    torch_at_start = "torch" in sys.modules  # the script's first line: what the rank brought with it
+    import atexit, os, subprocess
+    import psutil
+    import course_observer  # the module the rank's observer call already imported
+    from ddpcourse import report
+    atexit.register(report, atexit_ran=True)  # the rank ends through sys.exit, so atexit handlers still run
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    child = subprocess.Popen(sleeper)                           # stays in the rank's process group
+    escaped = subprocess.Popen(sleeper, start_new_session=True)  # leaves it (setsid)
+    agent = psutil.Process(os.getppid())
+    report(torch_at_start=torch_at_start, observer_calls=course_observer.calls, sleepers=[child.pid, escaped.pid],
+           course_variables=sorted(k for k in os.environ if k.startswith("DDPCOURSE_")),
+           spec_variable=os.environ["DDPCOURSE_RUN_SPEC"], cmdline=psutil.Process().cmdline(),
+           parent_cmdline=agent.cmdline(), grandparent=agent.ppid())
+
+    def step():
+        # TODO 2: all_reduce the gradients
+        raise NotImplementedError("TODO 2: all_reduce the gradients")
+
+    step()
+    """
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """One launch of a one-rank script that does not import torch, shared by the tests below: with an
+    observer named in the run (a module on PYTHONPATH), with /proc closed to ddpcourse's code in this process
+    (see _forbid_proc_reads_from_course_code). The script reports what its process is, leaves two sleeping
+    grandchildren behind, then stops at an unfinished TODO. Returns (script path, RunResult, psutil listings)."""
+    tmp_path = tmp_path_factory.mktemp("one_rank")
+    script(tmp_path, "course_observer.py", OBSERVER)
+    path = script(tmp_path, "07_todo_lab.py", ONE_RANK)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+        listed = _forbid_proc_reads_from_course_code(monkeypatch)
+        result = launch(path, nproc=1, timeout=30, observer="course_observer:observe",
+                        observer_options={"watch": "checkpoints"})
+    return path, result, listed
+
+
+def test_even_one_rank_is_a_fresh_interpreter_started_by_torchruns_agent(one_rank):
+    """No fork and no direct start: the rank's parent is torchrun's agent (whose parent is this launcher), the
+    rank runs `python -m ddpcourse.launch.rank FILE`, and torch, which the agent imported, is not in the
+    rank's sys.modules when a script that does not import it starts."""
+    _, result, _ = one_rank
+    facts = result.reports[0]
+    assert facts["parent_cmdline"][1:3] == ["-m", "ddpcourse.launch.agent"], facts["parent_cmdline"]
+    assert facts["grandparent"] == os.getpid()
+    assert facts["cmdline"][-3:] == ["-m", "ddpcourse.launch.rank", result.file], facts["cmdline"]
+    assert facts["torch_at_start"] is False
+
+
+def test_the_observer_named_in_the_run_is_called_with_its_spec_before_the_script(one_rank):
+    """run(observer="module:function") writes it into run.json; the rank calls it once with the RunSpec it
+    read back (options included) and the script's path, and the script finds that call already made."""
+    _, result, _ = one_rank
+    assert result.reports[0]["observer_calls"] == [{
+        "spec": result.run_id, "file": result.file, "lab_file": result.file, "launcher_pid": os.getpid(),
+        "options": {"watch": "checkpoints"}}]
+
+
+def test_the_only_course_variable_a_rank_gets_is_its_run_spec(one_rank):
+    """The launcher hands the run to its processes as a file (RunSpec); only that file's path crosses the
+    process boundary. Course variables this test's own environment set (e.g. DDPCOURSE_LAB_SOURCE, set by
+    the root conftest.py) are inherited and allowed."""
+    _, result, _ = one_rank
+    inherited = {name for name in os.environ if name.startswith("DDPCOURSE_")}
+    assert RUN_SPEC_ENV not in inherited
+    assert set(result.reports[0]["course_variables"]) - inherited == {RUN_SPEC_ENV}
+    assert result.reports[0]["spec_variable"] == result.run_id and result.run_id.endswith("run.json")
+
+
+def test_an_unfinished_todo_reads_as_such(one_rank):
+    path, result, _ = one_rank
+    failure = result.failure
+    assert (failure.kind, failure.todo, failure.rank, failure.exitcode) == ("todo", 2, 0, 1)
+    assert failure.hint == "all_reduce the gradients"
+    assert "TODO 2 in" in result.message and "07_todo_lab.py is not done yet" in result.message
+    assert f"(line {line_of(path, 'raise NotImplementedError')})" in result.message
+    assert result.reports[0]["atexit_ran"] is True  # sys.exit(1) after the recorded exception, not os._exit
+
+
+def test_grandchildren_are_killed_without_reading_proc(one_rank):
+    """The rank started a child in its process group and one in a session of its own, then ended: both are
+    gone after the run, found through psutil (launch() also found no process of the run left)."""
+    _, result, listed = one_rank
     assert listed, "the run's processes were looked up through psutil"
-    assert result.reports[0]["atexit_ran"] is True
-    for pid in result.values("pids")[0]:
+    for pid in result.values("sleepers")[0]:
         assert _gone(pid)
 
 
+# ----------------------------------------------------------------------------- more launches
+def test_a_process_group_left_open_fails_the_run(tmp_path):
+    """A script that forgets destroy_process_group() is told so, by rank. Without the call torch may also
+    abort while the rank's interpreter shuts down (docs/troubleshooting.md, "terminate called ..."); the
+    verdict then says so after the same advice."""
+    path = script(tmp_path, "forgets_destroy.py", """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.all_reduce(torch.ones(1))
+        """)
+    result = launch(path, nproc=1, timeout=30)
+    assert not result.ok and result.failure.kind == "open_process_group" and result.failure.rank == 0
+    code = result.failure.exitcode
+    assert code in (0, -signal.SIGABRT), result.message
+    then = f", then {diagnosis.describe_exit(code)} while exiting" if code else ""
+    assert result.message == (f"FAILED: rank 0 ended with its process group open{then}: call "
+                              "dist.destroy_process_group() at the end of the script.")
 
-@pytest.mark.parametrize("forked", [True, False], ids=["forked ranks", "fresh interpreters"])
-def test_torchrun_ranks_and_their_children_are_killed_at_a_timeout_without_reading_proc(tmp_path, monkeypatch, forked):
+
+def test_every_run_starts_its_ranks_through_torchruns_agent(tmp_path):
+    """The commands and environment the launcher builds (nothing is launched here): one node or several, one
+    rank or more, with restarts or not, the same agent starts each rank as `-m ddpcourse.launch.rank FILE ARGS`
+    on the loopback interface, and the environment adds one course variable, the run spec's path."""
+    rank_command = ["-m", "ddpcourse.launch.rank", "x.py", "--epochs", "1"]
+    for nproc, options in [(1, []), (2, []), (2, ["--max-restarts", "1"])]:
+        command = build_command(nproc, ["x.py", "--epochs", "1"], torchrun_args=options)
+        assert command[:3] == [sys.executable, "-m", "ddpcourse.launch.agent"] and "--standalone" in command
+        assert command[-5:] == rank_command and command[command.index("--nproc-per-node") + 1] == str(nproc)
+        assert command[command.index("--local-addr") + 1] == "127.0.0.1"
+        assert all(option in command for option in options)
+    for node in (0, 1):  # two agents meet at a rendezvous on 127.0.0.1; the first serves its store
+        command = build_command(2, ["x.py"], rendezvous=(29400, "run-id", 2, node == 0))
+        assert command[command.index("--rdzv-endpoint") + 1] == "127.0.0.1:29400" and "--standalone" not in command
+        assert ("--serve-store" in command) is (node == 0) and command[-3:] == ["-m", "ddpcourse.launch.rank", "x.py"]
+    spec_path = str(tmp_path / "run.json")
+    env = build_env(2, spec_path)
+    added = {name for name in env if name.startswith("DDPCOURSE_")} - {name for name in os.environ
+                                                                      if name.startswith("DDPCOURSE_")}
+    assert added == {RUN_SPEC_ENV} and env[RUN_SPEC_ENV] == spec_path
+    assert (env["MASTER_ADDR"], env["PYTHONUNBUFFERED"]) == ("127.0.0.1", "1")
+
+
+def test_torchrun_ranks_and_their_children_are_killed_at_a_timeout_without_reading_proc(tmp_path, monkeypatch):
     """Two ranks under torchrun's agent hang with a child in their process group and one that left it
-    (setsid): the timeout (3 s from every rank being ready) ends them all. Ranks started as fresh
-    interpreters (macOS) are each in a session of their own, so killing the agent's group misses them."""
-    monkeypatch.setenv(launcher.FORK_RANKS_ENV, "1" if forked else "0")
+    (setsid): the timeout (3 s from every rank being ready) ends them all. torchrun starts each rank in a
+    session of its own, so killing the agent's process group alone would miss the ranks and their children."""
     listed = _forbid_proc_reads_from_course_code(monkeypatch)
     path = script(tmp_path, "hangs.py", """
         import os, subprocess, sys, time
@@ -229,9 +290,10 @@ def test_torchrun_ranks_and_their_children_are_killed_at_a_timeout_without_readi
     result = launch(path, nproc=2, timeout=3)
     assert result.timed_out and result.failure.kind == "timeout", result.message
     assert listed, "the run's processes were looked up through psutil"
-    assert result.values("own_session") == [not forked] * 2
+    assert result.values("own_session") == [True, True]
     for pid in [pid for pids in result.values("pids") for pid in pids]:
         assert _gone(pid)
+
 
 WAITS = """
     import subprocess, sys, time
@@ -257,10 +319,13 @@ def _start_cli(path, marker, nproc=2):
 
 
 def test_interrupt_kills_the_tree(tmp_path):
+    """SIGINT to the CLI (KeyboardInterrupt, as the Jupyter stop button raises in a kernel): it shows where the
+    rank was, ends the agent (in a session of its own, so it never saw the signal), the rank and its
+    grandchild, and exits with 130."""
     path = script(tmp_path, "waits.py", WAITS)
     marker = uuid.uuid4().hex
     cli, _ = _start_cli(path, marker, nproc=1)
-    assert len(find_processes(f"DDPCOURSE_TEST_MARKER={marker}")) >= 3  # the CLI, the rank, its grandchild
+    assert len(find_processes(f"DDPCOURSE_TEST_MARKER={marker}")) >= 4  # the CLI, the agent, the rank, its grandchild
     start = time.monotonic()
     cli.send_signal(signal.SIGINT)  # what the Jupyter stop button does to the kernel
     rest, _ = cli.communicate(timeout=SLACK)
@@ -290,11 +355,12 @@ def test_a_killed_launcher_takes_its_run_with_it(tmp_path):
 SOCKETS = """
     import os, torch, torch.distributed as dist
     from ddpcourse import report
-    from ddpcourse.launch.processes import RUN_ID_ENV, listening_sockets, processes_of_run
+    from ddpcourse.launch.processes import listening_sockets, processes_of_run
+    from ddpcourse.launch.spec import RUN_SPEC_ENV
     dist.init_process_group("gloo")
     dist.all_reduce(torch.ones(1))
     if dist.get_rank() == 0:  # every process of this run is up: the agent, both ranks
-        report(listening=listening_sockets(processes_of_run(os.environ[RUN_ID_ENV])), pid=os.getpid(),
+        report(listening=listening_sockets(processes_of_run(os.environ[RUN_SPEC_ENV])), pid=os.getpid(),
                store_port=int(os.environ["MASTER_PORT"]))
     dist.barrier()
     dist.destroy_process_group()
@@ -302,23 +368,26 @@ SOCKETS = """
 
 
 ENV_REPORT = """
-    import os
+    import atexit, os
     from ddpcourse import report
+    atexit.register(report, atexit_ran=True)  # a rank that finished still runs the script's atexit handlers
     rank = int(os.environ["RANK"])
     print(f"hello from {rank}")
     print("second line", flush=True)
-    report(rank=rank, omp=os.environ["OMP_NUM_THREADS"], addr=os.environ["MASTER_ADDR"],
-           world=int(os.environ["WORLD_SIZE"]), nested={"square": [rank * rank]})
+    report(rank=rank, node=int(os.environ["GROUP_RANK"]), local=int(os.environ["LOCAL_RANK"]),
+           omp=os.environ["OMP_NUM_THREADS"], addr=os.environ["MASTER_ADDR"], world=int(os.environ["WORLD_SIZE"]),
+           nested={"square": [rank * rank]})
     """
 
 
 def test_two_runs_at_once_report_per_rank_and_list_their_sockets(tmp_path, capsys, monkeypatch):
-    """Two runs at the same time (they must not collide): one reports its output and environment per rank,
-    the other lists the sockets its processes listen on."""
+    """Two runs at the same time (they must not collide): one, on two torchrun agents ("nodes") of two ranks
+    each, reports its output and environment per rank, global and local; the other lists the sockets its
+    processes listen on."""
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # set by the user: kept (torchrun's default would be 1)
-    reporter = {}
-    other = threading.Thread(target=lambda: reporter.update(
-        result=run(script(tmp_path, "env_report.py", ENV_REPORT), nproc=2, timeout=60, show="rank0")))
+    reporter, env_report = {}, script(tmp_path / "nodes", "env_report.py", ENV_REPORT)
+    other = threading.Thread(target=lambda: reporter.update(result=run(
+        env_report, nproc=2, nnodes=2, timeout=60, show="rank0", env={"TMPDIR": str(run_tmpdir(env_report))})))
     other.start()
     sockets = launch(script(tmp_path, "sockets.py", SOCKETS), nproc=2, timeout=60)
     other.join(timeout=STARTUP_TIMEOUT + 60 + SLACK)
@@ -326,13 +395,16 @@ def test_two_runs_at_once_report_per_rank_and_list_their_sockets(tmp_path, capsy
 
     result = reporter["result"]
     assert result.ok and result.launched and result.nproc == 2, result.message
-    assert processes_of_run(result.run_id) == []
-    assert result.output == {0: ["hello from 0", "second line"], 1: ["hello from 1", "second line"]}
-    assert result.values("rank") == [0, 1]
-    assert result.values("nested") == [{"square": [0]}, {"square": [1]}]
-    assert result.values("world") == [2, 2]
-    assert result.values("addr") == ["127.0.0.1"] * 2
-    assert result.values("omp") == ["3", "3"]
+    assert result.world_size == 4 and "4 ranks (2 nodes of 2)" in result.message
+    assert processes_of_run(result.run_id) == [] and torchrun_log_folders(run_tmpdir(env_report)) == []
+    assert result.output == {rank: [f"hello from {rank}", "second line"] for rank in range(4)}
+    by_rank = [(r["rank"], r["node"], r["local"]) for r in (result.reports[i] for i in range(4))]
+    assert by_rank == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert result.values("nested") == [{"square": [rank * rank]} for rank in range(4)]
+    assert result.values("world") == [4] * 4
+    assert result.values("addr") == ["127.0.0.1"] * 4
+    assert result.values("omp") == ["3"] * 4
+    assert result.values("atexit_ran") == [True] * 4
     # rank-0-only mode shows rank 0's lines live, but the result keeps every rank's
     assert "[rank 0] hello from 0" in printed and "[rank 1]" not in printed
     assert any(line.startswith("OK: ") and "env_report.py" in line for line in printed.splitlines())
@@ -346,19 +418,6 @@ def test_two_runs_at_once_report_per_rank_and_list_their_sockets(tmp_path, capsy
     # init_process_group, served by rank 0 on the run's port (docs/troubleshooting.md, the firewall row).
     rank0 = sockets.reports[0]
     assert exposed == [(rank0["store_port"], rank0["pid"])]
-
-
-def test_two_nodes_on_this_machine_give_global_and_local_ranks(tmp_path):
-    path = script(tmp_path, "nodes.py", """
-        import os
-        from ddpcourse import report
-        report(rank=int(os.environ["RANK"]), node=int(os.environ["GROUP_RANK"]), local=int(os.environ["LOCAL_RANK"]))
-        """)
-    result = launch(path, nproc=2, nnodes=2, timeout=60)
-    assert result.ok, result.message
-    assert result.world_size == 4 and "4 ranks (2 nodes of 2)" in result.message
-    by_rank = [(r["rank"], r["node"], r["local"]) for r in (result.reports[i] for i in range(4))]
-    assert by_rank == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
 
 
 def test_max_restarts_restarts_every_rank_after_one_dies(tmp_path):
@@ -375,7 +434,7 @@ def test_max_restarts_restarts_every_rank_after_one_dies(tmp_path):
         dist.destroy_process_group()
         """)
     result = launch(path, nproc=2, timeout=60, torchrun_args=["--max-restarts", "1"])
-    assert result.ok, result.message
+    assert result.ok, f"{result.message}\ntorchrun's agent said:\n{result.agent_output[-6000:]}"  # which attempt failed
     assert result.values("attempt") == [1, 1]  # every rank restarted; reports are the last attempt's
     assert "--- torchrun restarted this rank (restart 1) ---" in result.output[1]
 
@@ -411,6 +470,19 @@ def test_a_rank_that_returned_early_explains_its_peers_failed_collective():
     assert failure.message.startswith("rank 0 failed in a collective because rank(s) [1] had already ended")
 
 
+def test_ranks_that_left_their_group_open_are_named_once():
+    """Every rank finished with its process group open: the lowest is named, the others in one parenthesis;
+    a rank that torch then aborted at exit is said to have been killed while exiting."""
+    open_group = _events("started", "ready", "finished", process_group_open=True)
+    failure = diagnosis.root_cause({rank: open_group for rank in range(3)}, 3, {}, "lab.py")
+    assert (failure.rank, failure.kind, failure.exitcode) == (0, "open_process_group", 0)
+    assert failure.message == ("rank 0 ended with its process group open (ranks [1, 2] too): call "
+                               "dist.destroy_process_group() at the end of the script.")
+    aborted = diagnosis.root_cause({rank: open_group for rank in range(2)}, 2, {0: -6}, "lab.py")
+    assert aborted.message.startswith("rank 0 ended with its process group open (ranks [1] too), then was "
+                                      "killed by SIGABRT while exiting: call dist.destroy_process_group()")
+
+
 def test_a_partial_event_line_never_crashes_the_reader(tmp_path):
     whole = json.dumps({"event": "report", "time": 1.0, "pid": 1, "values": {"x": 1}})
     (tmp_path / "rank0.events").write_text(whole + "\n" + whole[:17])  # read mid-write
@@ -426,13 +498,14 @@ def test_a_partial_event_line_never_crashes_the_reader(tmp_path):
 def test_threads_divide_the_usable_cores_unless_the_user_chose(monkeypatch, tmp_path):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    monkeypatch.setattr("ddpcourse.launch.launcher.cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr("ddpcourse.launch.cores.cgroup_cpu_quota", lambda: None)
     assert threads_per_rank(2) == "4" and threads_per_rank(3) == "2" and threads_per_rank(16) == "1"
-    assert build_env(2, tmp_path, "id")["OMP_NUM_THREADS"] == "4"  # the launcher sets it, torchrun would say 1
-    monkeypatch.setattr("ddpcourse.launch.launcher.cgroup_cpu_quota", lambda: 2.5)  # a container granted 2.5 CPUs
+    spec_path = tmp_path / "run.json"
+    assert build_env(2, spec_path)["OMP_NUM_THREADS"] == "4"  # the launcher sets it, torchrun would say 1
+    monkeypatch.setattr("ddpcourse.launch.cores.cgroup_cpu_quota", lambda: 2.5)  # a container granted 2.5 CPUs
     assert threads_per_rank(2) == "1" and threads_per_rank(1) == "2"
     monkeypatch.setenv("OMP_NUM_THREADS", "6")
-    assert build_env(2, tmp_path, "id")["OMP_NUM_THREADS"] == "6"
+    assert build_env(2, spec_path)["OMP_NUM_THREADS"] == "6"
 
 
 def test_cgroup_quota_is_read_from_v2_and_v1_files(tmp_path):
@@ -473,37 +546,45 @@ def test_cgroup_quota_follows_this_process_cgroup_up_to_the_root(tmp_path):
     assert cgroup_cpu_quota(v1, self_cgroup) == 2.0
 
 
-def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys):
-    """A run whose launcher is gone (here: a pid that ended) is left over; cleanup ends it. Only this test's
-    own run is looked at: other runs on this machine are not the test's to end."""
-    run_id = uuid.uuid4().hex
+def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys, tmp_path):
+    """A run whose spec names a launcher that is gone (here: a pid that ended) is left over; cleanup ends it.
+    A run whose launcher still runs (this process) and one whose spec cannot be read are not left over. Only
+    this test's own runs are looked at: other runs on this machine are not the test's to end."""
+    def sleeper(spec_path):
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                env=dict(os.environ, **{RUN_SPEC_ENV: str(spec_path)}))
+
+    def spec_of(name, launcher_pid):
+        (tmp_path / name).mkdir()
+        return RunSpec("lab.py", run_dir=str(tmp_path / name), launcher_pid=launcher_pid).save()
+
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    env = dict(os.environ, **{RUN_ID_ENV: run_id, processes.LAUNCHER_PID_ENV: str(gone.pid)})
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env)
-    mine = lambda found: found.run_id == run_id  # noqa: E731
+    left_over, active = spec_of("left_over", gone.pid), spec_of("active", os.getpid())
+    unreadable = str(tmp_path / "removed" / "run.json")
+    mine = lambda found: found.spec_path in (left_over, active, unreadable)  # noqa: E731
+    started = [sleeper(left_over), sleeper(active), sleeper(unreadable)]
+    orphan = started[0]
     try:
         deadline = time.monotonic() + 10
-        while not processes_of_run(run_id) and time.monotonic() < deadline:
+        while sum(bool(processes_of_run(path)) for path in (left_over, active, unreadable)) < 3:
+            assert time.monotonic() < deadline, "the test's sleepers did not show up"
             time.sleep(0.05)
-        alive = dict(env, **{processes.LAUNCHER_PID_ENV: str(os.getpid())})
-        assert processes.leftover_runs(select=lambda found: found.run_id == run_id)[0].processes[0][0] == orphan.pid
+        found = processes.leftover_runs(select=mine)
+        assert [(r.spec_path, r.launcher_pid, r.processes[0][0]) for r in found] == [(left_over, gone.pid, orphan.pid)]
         ended = processes.end_leftover_runs(select=mine)
         printed = capsys.readouterr().out
-        assert [r.run_id for r in ended] == [run_id]
-        assert f"ended run {run_id[:12]}: 1 process(es)" in printed and str(orphan.pid) in printed
+        assert [r.spec_path for r in ended] == [left_over]
+        assert f"ended the run of {tmp_path / 'left_over'}: 1 process(es)" in printed and str(orphan.pid) in printed
         assert not psutil.pid_exists(orphan.pid)  # killed and reaped
         assert processes.end_leftover_runs(select=mine) == [] and "no left-over course runs" in capsys.readouterr().out
-        # a run whose launcher still runs (this process) is not left over
-        active = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=alive)
-        try:
-            assert processes.leftover_runs(select=mine) == []
-            assert len(processes.leftover_runs(include_active=True, select=mine)) == 1
-        finally:
-            active.kill()
-            active.wait()
+        everything = processes.leftover_runs(include_active=True, select=mine)
+        assert sorted((r.spec_path, r.launcher_pid) for r in everything) == sorted([(active, os.getpid()),
+                                                                                    (unreadable, 0)])
     finally:
-        orphan.kill()
+        for process in started:
+            process.kill()
+            process.wait()
 
 
 def test_a_start_up_timeout_says_the_ranks_did_not_start():

@@ -29,8 +29,9 @@ import time
 import pytest
 
 from ddpcourse.learner.doctor import check_environment, format_report
-from ddpcourse import launcher
-from ddpcourse.launch.launcher import STARTUP_TIMEOUT, processes_of_run, run, threads_per_rank
+from ddpcourse.launch import cores
+from ddpcourse.launch.cores import threads_per_rank
+from ddpcourse.launch.launcher import STARTUP_TIMEOUT, processes_of_run, run
 from ddpcourse.authoring.makelabs import make_labs
 from ddpcourse.paths import COURSE_ROOT
 from ddpcourse.learner.progress import collect_status
@@ -228,8 +229,12 @@ FINISHES = """
     # after the script's last line, before the interpreter's shutdown (where the abort happens)
     atexit.register(lambda: print(f"rank {rank}: group open at exit: {dist.is_initialized()}", flush=True))
     if os.environ.get("DESTROY", "1") == "1":
-        # the fix for the intermittent abort at exit: leave the process group before the process ends
+        # the fix for the intermittent abort at exit: leave the process group before the process ends,
+        # then free what is left while the interpreter is whole (the row's advice)
         dist.destroy_process_group()
+        del total
+        import gc
+        gc.collect()
     """
 
 
@@ -355,26 +360,26 @@ def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble, monkey
     moment every rank is ready (imports done), enough for any machine to reach the hang."""
     # 6 usable cores: the launcher's rule gives 3 ranks 2 threads each, not the 1 that torchrun alone would set
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(launcher, "usable_cores", lambda: 6)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 6)
     omp = threads_per_rank(3, {})
     assert omp == "2"
     start = time.monotonic()
     result = run(trouble, nproc=3, timeout=3, show="none", env={"TROUBLE": "hang"})
     assert time.monotonic() - start < STARTUP_TIMEOUT + 3 + 15  # start-up, timeout, stacks and cleanup
-    assert result.timed_out and result.returncode == 124 and result.failure.kind == "timeout"
+    assert result.timed_out and result.returncode == 124 and result.failure.kind == "timeout", result.message
     assert processes_of_run(result.run_id) == []
     assert result.message.startswith(f"TIMEOUT: {trouble} did not finish in ")
     all_reduce, barrier = line_of(trouble, "dist.all_reduce(torch.ones(1))"), line_of(trouble, "dist.barrier()")
-    assert f"trouble.py:{all_reduce} in <module>:  dist.all_reduce(torch.ones(1))" in result.stacks[0]
-    assert f"trouble.py:{barrier} in <module>:  dist.barrier()" in result.stacks[1]
+    assert f"trouble.py:{all_reduce} in <module>:  dist.all_reduce(torch.ones(1))" in result.stacks[0], result.stacks
+    assert f"trouble.py:{barrier} in <module>:  dist.barrier()" in result.stacks[1], result.stacks
     # a pure-Python loop holding the GIL still dumps its stack (faulthandler works from the signal handler)
-    assert f"trouble.py:{line_of(trouble, 'spin()')} in <module>:  spin()" in result.stacks[2]
+    assert f"trouble.py:{line_of(trouble, 'spin()')} in <module>:  spin()" in result.stacks[2], result.stacks
     assert "in spin" in result.stacks[2], result.stacks[2]
     text = row("did not finish in T s; all its processes were killed")
     first = re.sub(r" did not finish in [\d.]+ s;", " did not finish in T s;", result.message.splitlines()[0])
     assert f"`{first.replace(str(trouble), 'labs/NN_x.py')}`" in text, first  # the row's text, this run's file
     assert "for rank 0 and `-> trouble.py:LINE in <module>:  dist.barrier()` for rank 1" in text
-    assert f"`-> trouble.py:LINE in <module>:  dist.all_reduce(" in text
+    assert "`-> trouble.py:LINE in <module>:  dist.all_reduce(" in text
     # the same run shows what the launcher does against oversubscription: the usable cores / ranks threads each,
     # and torch in each rank follows it
     assert result.values("omp") == [omp] * 3 and result.values("threads") == [int(omp)] * 3
@@ -383,7 +388,8 @@ def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble, monkey
 
 def test_a_rank_that_dies_is_named(trouble):
     result = run(trouble, nproc=2, timeout=60, show="none", env={"TROUBLE": "crash"})
-    assert not result.ok and (result.failure.rank, result.failure.kind, result.failure.exitcode) == (1, "exit", 3)
+    failure = result.failure
+    assert not result.ok and (failure.rank, failure.kind, failure.exitcode) == (1, "exit", 3), result.message
     first = result.message.splitlines()[0]
     assert first.startswith("FAILED: rank 1 exited with code 3 without a Python exception "
                             "(os._exit or a crash): the other ranks lost their peer."), result.message
@@ -401,7 +407,7 @@ def test_threads_outside_any_launcher_use_more_than_cores_per_rank(init_methods,
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     per_rank = int(threads_per_rank(3, {}))  # cores / ranks for the 3 ranks of the hang test: 1 on 2 cores
     assert facts["threads_outside_torchrun"] > per_rank, facts  # fails when torch alone keeps to cores / ranks
-    assert facts["threads_outside_torchrun"] <= launcher.usable_cores()
+    assert facts["threads_outside_torchrun"] <= cores.usable_cores()
 
 
 # ----------------------------------------------------------------------------- no launch at all

@@ -1,8 +1,7 @@
 """Which rank's failure explains a failed run, as data (RankFailure) and as one line a learner can act on.
 
 Inputs are structured: each rank's events (ddpcourse.launch.events) and each rank's exit code as torchrun's
-agent saw it (ChildFailedError.failures, saved by ddpcourse.launch.agent) or as the launcher saw it (one-process
-runs). No printed text is parsed, except the one thing only text carries: whether an exception was a
+agent saw it (ChildFailedError.failures, saved by ddpcourse.launch.agent). No printed text is parsed, except the one thing only text carries: whether an exception was a
 consequence of a peer going away (gloo says so in its message).
 """
 import re

@@ -54,7 +54,7 @@ class RunResult:
     interrupted: bool = False
     failure: RankFailure = None
     stacks: dict = field(default_factory=dict)   # rank -> formatted stack at the timeout
-    writes: dict = field(default_factory=dict)   # rank -> files written under $DDPCOURSE_WATCH_WRITES
+    writes: dict = field(default_factory=dict)   # rank -> files its observer saw it write (checks/write_observer.py)
     message: str = ""
     run_id: str = ""            # its RunSpec's path: every process of the run carries it (processes_of_run)
     agent_output: str = ""
@@ -122,7 +122,7 @@ def build_env(world_size, spec_path, extra=None):
         # their peers' addresses from the previous attempt and fail to connect (pytorch issue 135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         # The ranks find ddpcourse even without `pip install -e .`.
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(COURSE_ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(COURSE_ROOT), env.get("PYTHONPATH")])),
     })
     return env
 
