@@ -53,9 +53,10 @@ def test_every_rank_writing_the_checkpoint(report):
 @wrong_version(LAB, (SAVE + """  # torch.save flushes the file object when it is done
             os.fsync(file.fileno())  # the bytes are on the disk before a name points at them
         os.replace(temporary, path)  # atomic: a crash leaves the old checkpoint or the new one, never half""",
-                    "        torch.save(state, path)"), nproc=2)
+                    "        torch.save(state, path)"), nproc=1)
 def test_torch_save_straight_onto_the_checkpoint(report):
-    """torch.save(state, path) opens the file from C++, where no audit event reports it: the check still fails."""
+    """torch.save(state, path) opens the file from C++, where no audit event reports it: the check still fails
+    (one rank is enough: what rank 0 wrote, and how, is the evidence)."""
     atomic = detail(report, "writes atomically")
     assert not atomic.passed and "no file was renamed onto checkpoint.pt" in atomic.detail
     writers = detail(report, "only rank 0 writes")
