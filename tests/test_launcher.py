@@ -446,9 +446,31 @@ def _events(*kinds, **fields):
 
 def test_a_crash_after_the_script_finished_is_explained_from_exit_codes():
     finished = _events("started", "ready", "finished", process_group_open=False)
-    failure = diagnosis.root_cause({rank: finished for rank in range(3)}, 3, {2: -6, 0: -15}, "lab.py")
-    assert (failure.rank, failure.kind, failure.exitcode) == (2, "signal", -6)
-    assert failure.message == "rank 2 ran its script to the end, then was killed by SIGABRT while exiting."
+    failure = diagnosis.root_cause({rank: finished for rank in range(3)}, 3, {2: -11, 0: -15}, "lab.py")
+    assert (failure.rank, failure.kind, failure.exitcode) == (2, "signal", -11)
+    assert failure.message == "rank 2 ran its script to the end, then was killed by SIGSEGV while exiting."
+
+
+def test_torchs_exit_abort_after_a_complete_run_is_said_and_not_the_learners_failure():
+    """Every rank finished and left its group, then torch aborted one at exit (its exit race): the run is
+    ok and its verdict says what happened; the same abort after anything less is still a failure."""
+    from ddpcourse.launch.launcher import RunResult
+    from ddpcourse.launch.printing import verdict
+
+    finished = _events("started", "ready", "finished", process_group_open=False)
+    events = {rank: finished for rank in range(3)}
+    assert diagnosis.aborted_after_finishing(events, 3, {1: -6, 0: -15}) == [1]
+    assert diagnosis.root_cause(events, 3, {1: -6, 0: -15}, "lab.py") is None
+    result = RunResult(file="lab.py", nproc=3, returncode=0, duration=1.0, aborted_at_exit=[1])
+    assert result.ok and verdict(result, "lab.py").splitlines() == [
+        "OK: lab.py finished on 3 ranks in 1.0 s.",
+        "(after the script ended, torch aborted rank(s) [1] while exiting: its exit race, "
+        "docs/troubleshooting.md; the run's results are complete)"]
+    unfinished = {**events, 2: _events("started", "ready")}  # rank 2 was still running
+    assert diagnosis.aborted_after_finishing(unfinished, 3, {1: -6, 2: -15}) == []
+    open_group = {rank: _events("started", "ready", "finished", process_group_open=True) for rank in range(3)}
+    assert diagnosis.aborted_after_finishing(open_group, 3, {1: -6}) == []
+    assert diagnosis.root_cause(open_group, 3, {1: -6}, "lab.py").kind == "open_process_group"
 
 
 def test_a_rank_that_vanished_is_the_root_cause_not_the_peer_it_left():

@@ -65,11 +65,29 @@ def _peer_errors(exceptions):
     return "\n".join(f"  rank {r}: {row['type']}: {_first_line(row['message'])[:160]}" for r, row in exceptions)
 
 
+def aborted_after_finishing(events, world_size, exit_codes):
+    """The ranks killed by SIGABRT while exiting when that is all that went wrong: every rank ran its script
+    to the end and left its process group, and no exit code says more than that abort (or torchrun's SIGTERM
+    to the peers that followed it). torch 2.13 does this now and then at interpreter exit: a C++ thread takes
+    the GIL while Python shuts down (pytorch#38228; benchmarks/exit_after_destroy.py counts it). The run's
+    results are complete, so it is not the learner's failure; the launcher says so and the run counts as ok."""
+    codes = {rank: code for rank, code in exit_codes.items() if code}
+    for rank in range(world_size):
+        ends = [row for row in events.get(rank, []) if row["event"] in (EXCEPTION, EXIT, FINISHED, INTERRUPTED)]
+        if [row["event"] for row in ends] != [FINISHED] or ends[0].get("process_group_open"):
+            return []
+    if any(code not in (-signal.SIGABRT, -signal.SIGTERM) for code in codes.values()):
+        return []
+    return sorted(rank for rank, code in codes.items() if code == -signal.SIGABRT)
+
+
 def root_cause(events, world_size, exit_codes, display_file):
     """The RankFailure that explains the run, or None when every rank ended well.
 
     events: {rank: [event, ...]} of each rank's latest attempt; exit_codes: {rank: code} of the ranks
     whose process ended with a non-zero code (others: absent or 0)."""
+    if aborted_after_finishing(events, world_size, exit_codes):
+        return None
     exceptions, exits, finished, silent = [], [], [], []
     for rank in range(world_size):
         rows = events.get(rank, [])

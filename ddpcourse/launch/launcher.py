@@ -56,6 +56,7 @@ class RunResult:
     stacks: dict = field(default_factory=dict)   # rank -> formatted stack at the timeout
     writes: dict = field(default_factory=dict)   # rank -> files its observer saw it write (checks/write_observer.py)
     message: str = ""
+    aborted_at_exit: list = field(default_factory=list)  # ranks torch aborted after a complete run (diagnosis)
     run_id: str = ""            # its RunSpec's path: every process of the run carries it (processes_of_run)
     agent_output: str = ""
     nnodes: int = 1
@@ -237,6 +238,9 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             if len(ready) == world else f"{shown}: the ranks did not start within {STARTUP_TIMEOUT:g} s"))
     elif not result.interrupted:
         result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown)
+        result.aborted_at_exit = diagnosis.aborted_after_finishing(by_rank, world, exit_codes)
+        if result.aborted_at_exit:  # torch's exit race, after a complete run: see aborted_after_finishing
+            result.returncode = 0
     printer.finish(output)
     result.message = verdict(result, shown)
     if show != "none":

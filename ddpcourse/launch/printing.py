@@ -53,7 +53,11 @@ def verdict(result, shown):
     took = f" in {result.duration:.1f} s" if result.duration else ""
     if result.ok:
         nodes = f" ({result.nnodes} nodes of {result.nproc})" if result.nnodes > 1 else ""
-        return f"OK: {shown} finished on {result.world_size} rank{'s' if result.world_size > 1 else ''}{nodes}{took}."
+        text = f"OK: {shown} finished on {result.world_size} rank{'s' if result.world_size > 1 else ''}{nodes}{took}."
+        if result.aborted_at_exit:
+            text += (f"\n(after the script ended, torch aborted rank(s) {result.aborted_at_exit} while exiting: its "
+                     "exit race, docs/troubleshooting.md; the run's results are complete)")
+        return text
     if result.timed_out:
         why = result.failure.message if result.failure else ""
         if "did not start" in why:  # a start-up that ran out of time is no hang: say which limit ran out
