@@ -127,6 +127,7 @@ def main():
     if _imports_torch(lab_file):
         import torch  # noqa: F401 - the script's own import is then instant
         import torch.distributed  # noqa: F401
+    gc.freeze()  # what the imports made lives as long as the process: the collection at the end skips it
     _call_observer(spec, lab_file)
     sys.argv = [lab_file] + sys.argv[2:]
     sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would
