@@ -20,6 +20,7 @@ usually costs one or two launches), so it is a measurement, not a test:
 import argparse
 import ast
 import concurrent.futures
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -147,8 +148,10 @@ def measure(solution, jobs, timeout):
     planted = mutants(solution)
     print(f"\n{solution.name}: {len(planted)} planted changes", flush=True)
     start = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        verdicts = list(pool.map(lambda m: caught(solution, m, timeout), planted))
+    # processes, not threads: each judgement seeds torch's global RNG to recompute expected values
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        verdicts = list(pool.map(caught, [solution] * len(planted), planted, [timeout] * len(planted)))
     survivors = []
     for mutant, (was_caught, why) in zip(planted, verdicts):
         print(f"  line {mutant.line:3d} {'caught  ' if was_caught else 'SURVIVED'} {mutant.change:38s} "
