@@ -99,11 +99,13 @@ def _torch_rows(report):
     return ok_gloo
 
 
+ALLREDUCE_SCRIPT = os.path.join(os.path.dirname(__file__), "doctor_allreduce.py")
+
+
 def _allreduce_row(report, nproc=2):
     from ddpcourse.launch.launcher import DEFAULT_TIMEOUT, run
 
-    script = os.path.join(os.path.dirname(__file__), "_doctor_allreduce.py")
-    result = run(script, nproc=nproc, timeout=DEFAULT_TIMEOUT, show="none")
+    result = run(ALLREDUCE_SCRIPT, nproc=nproc, timeout=DEFAULT_TIMEOUT, show="none")
     want = float(sum(range(nproc)))
     if result.ok and result.values("total") == [want] * nproc:
         backend = result.values("backend")[0]
@@ -112,7 +114,25 @@ def _allreduce_row(report, nproc=2):
     else:
         report.rows.append(Row(f"{nproc}-process all_reduce", "FAIL", result.message.splitlines()[0][:200],
                                "see README 'Troubleshooting'; try `python -m ddpcourse run "
-                               "ddpcourse/_doctor_allreduce.py --nproc 2` to see every rank's output"))
+                               f"{os.path.relpath(ALLREDUCE_SCRIPT, COURSE_ROOT)} --nproc 2` to see every rank's output"))
+
+
+WSL_FIX = ("in an administrator PowerShell run `wsl --install`, restart, open Ubuntu, clone the course into "
+           "~/ddpcourse and run README's quick start there")
+
+
+def platform_row(system, machine, release, course_root):
+    """Native Windows fails (untested: its gloo needs USE_LIBUV=0 and it has no SIGUSR1 for a hung rank's
+    stack); WSL2 is Linux, slow only when the course lies on the Windows disk (/mnt/c)."""
+    name = f"{system} {machine}"
+    if system == "Windows":
+        return Row("platform", "FAIL", f"{name}: native Windows is not supported", WSL_FIX)
+    if system == "Linux" and "microsoft" in release.lower():
+        slow = course_root.startswith("/mnt/")
+        return Row("platform", "INFO", f"{name} (WSL2)" + (
+            f"; the course is on the Windows disk ({course_root}): move it to ~/ddpcourse, it runs much faster"
+            if slow else ""))
+    return Row("platform", "INFO", name)
 
 
 def check_environment(launch=True):
@@ -122,8 +142,7 @@ def check_environment(launch=True):
     good_python = sys.version_info >= (3, 10)
     report.rows.append(Row("python", "OK" if good_python else "FAIL", f"{version} ({sys.executable})",
                            "" if good_python else "use Python 3.10 or newer (environment.yml pins 3.11)"))
-    report.rows.append(Row("platform", "INFO", f"{platform.system()} {platform.machine()}",
-                           "on Windows, use WSL2 (see README)" if os.name == "nt" else ""))
+    report.rows.append(platform_row(platform.system(), platform.machine(), platform.release(), str(COURSE_ROOT)))
     cores = os.cpu_count() or 1
     report.rows.append(Row("CPU cores", "OK" if cores >= 2 else "INFO", str(cores),
                            "" if cores >= 2 else "1 core: labs still run, just slower"))
