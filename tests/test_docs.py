@@ -124,22 +124,6 @@ def test_demo_counts_and_predict_budgets_match_the_notebooks():
         assert 0 < asked <= votes, f"notebook {module} has {asked} Predicts; the time table budgets {votes}"
 
 
-# ----------------------------------------------------------------------------- README's install
-def test_readme_installs_cpu_torch_before_the_requirements_and_opens_clean_copies():
-    install = section(README, "## Install and open (CPU first)")
-    blocks = re.findall(r"```bash\n(.*?)```", install, re.S)
-    with_torch = [block for block in blocks if "requirements.txt" in block and "whl/cpu" in block]
-    assert len(with_torch) == 2  # Linux (WSL2 runs the same block) and conda
-    for block in with_torch:
-        assert block.index("whl/cpu") < block.index("-r requirements.txt")
-    linux = with_torch[0]
-    assert "python3-venv" in linux and "python3 -m venv" in linux
-    assert "python -m jupyter lab --ServerApp.root_dir=. clean/00_start_here.ipynb" in install
-    assert (COURSE_ROOT / "clean" / "00_start_here.ipynb").is_file()
-    for system in ("**Linux", "**macOS on Apple Silicon", "**Windows: WSL2.**", "**conda**", "**Intel Macs**"):
-        assert system in install
-
-
 # ----------------------------------------------------------------------------- the cheat sheet
 def test_cheatsheet_prints_lines_of_at_most_100_characters_and_no_svg_links():
     long = [line for line in CHEATSHEET.splitlines() if len(line) > 100]
@@ -365,13 +349,3 @@ def test_the_cheatsheets_checkpoint_code_saves_and_loads(tmp_path, monkeypatch):
     exec(code, {"rank": 0, "model": model, "dist": fake_dist, "device": "cpu", "torch": torch, "os": os})
     assert synced and not (tmp_path / "ckpt.pt.tmp").exists()
     assert torch.equal(torch.load(tmp_path / "ckpt.pt", weights_only=True)["weight"], saved.weight)
-
-
-def test_environment_yml_points_at_the_readmes_cpu_conda_route():
-    """Its pip pins have no CPU index, so on Linux `conda env create` would fetch the CUDA torch from PyPI."""
-    text = (COURSE_ROOT / "environment.yml").read_text()
-    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
-    assert "README's conda route" in header and "not with" in header and "index-url" not in text
-    start = README.index("**conda**")
-    block = README[start:README.index("```", README.index("```", start) + 3)]
-    assert "--index-url https://download.pytorch.org/whl/cpu" in block and "conda create" in block

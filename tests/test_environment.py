@@ -111,9 +111,61 @@ def test_pyproject_declares_supported_ranges_that_hold_every_pin_and_the_cli_scr
     assert cli.returncode == 0 and cli.stdout.startswith("ddpcourse "), cli.stderr
 
 
-def test_ci_runs_the_readme_test_command():
+def test_ci_runs_the_readme_test_command_which_is_the_quick_starts_second_line():
     command = re.search(r"<!-- test-command -->\s*```\w*\s*\n(.+?)\n```", README, re.S).group(1).strip()
-    assert command in (COURSE_ROOT / ".ci" / "run").read_text()
+    quick_start = re.search(r"<!-- quick-start -->\s*```bash\n(.*?)```", README, re.S).group(1).splitlines()
+    assert command == quick_start[1] and command in (COURSE_ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def environment_yml():
+    """environment.yml's channels and its pip list, read line by line (its YAML is this plain subset)."""
+    channels, pip, section = [], [], None
+    for line in (COURSE_ROOT / "environment.yml").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if not line.startswith(" "):
+            section = line.split(":")[0]
+            continue
+        item = line.strip().removeprefix("- ").strip()
+        if section == "channels":
+            channels.append(item)
+        elif section == "dependencies" and line.startswith("      "):
+            pip.append(item)
+        elif section == "dependencies" and item != "pip:":
+            channels.append(("conda", item))
+    return channels, pip
+
+
+def test_environment_yml_uses_conda_forge_only_and_the_cpu_torch_index_first():
+    """`conda env create -f environment.yml` as written: no default channels (their terms-of-service prompt
+    stops new users), pip with the PyTorch CPU index before any package, so Linux gets the CPU build."""
+    channels, pip = environment_yml()
+    assert [c for c in channels if isinstance(c, str)] == ["conda-forge", "nodefaults"]
+    conda_packages = dict(item.split("=", 1) if "=" in item else (item, "") for _, item in
+                          [c for c in channels if isinstance(c, tuple)])
+    assert set(conda_packages) == {"python", "pip"}
+    assert tuple(map(int, conda_packages["python"].split("."))) >= (3, 10)
+    assert pip[0] == "--extra-index-url https://download.pytorch.org/whl/cpu"
+    assert pip[-1] == "-e ." and len(pip) == len(pins()) + 2
+
+
+def test_readme_installs_by_hand_cpu_torch_first_in_lines_zsh_can_paste():
+    """Each by-hand block: the CPU torch before requirements.txt (Linux), and no trailing `# comment`
+    (zsh without interactivecomments passes `#` and the words after it to the command)."""
+    by_hand = README[README.index("## Install by hand"):README.index("## Course map")]
+    blocks = re.findall(r"```bash\n(.*?)```", by_hand, re.S)
+    assert blocks and not [line for block in blocks for line in block.splitlines() if "#" in line]
+    linux = next(block for block in blocks if "apt install" in block)
+    assert "sudo apt update" in linux and "python3-venv" in linux
+    assert linux.index("whl/cpu") < linux.index("-r requirements.txt")
+    assert "conda env create -f environment.yml" in by_hand
+    assert "python -m jupyter lab --ServerApp.root_dir=. clean/00_start_here.ipynb" in by_hand
+    assert (COURSE_ROOT / "clean" / "00_start_here.ipynb").is_file()
+    for system in ("**Linux", "**macOS on Apple Silicon", "**conda**"):
+        assert system in by_hand
+    quick = README[README.index("## Quick start"):README.index("## Install by hand")]
+    assert "**Windows: WSL2.**" in quick and "wsl --install" in quick and "**Intel Macs**" in quick
+    assert "cd ddpcourse-main" in quick  # the folder a GitHub zip unpacks to
 
 
 def test_readme_course_map_lists_every_notebook_and_its_lab():
