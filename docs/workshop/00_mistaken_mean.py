@@ -1,72 +1,38 @@
-"""Lab 00: first collectives. Combine numbers that live on different processes.
+"""The mistaken lab: lab 00 with a wrong global_mean, for the projector (docs/instructors.md, "The mistaken lab").
 
-After a training step every rank knows only its own numbers: the loss on its shard of the batch, the
-norm of its gradients. Logging, early stopping and gradient clipping need the *global* values, and
-every rank needs them (not only rank 0), or the ranks start to take different decisions.
+    python -m ddpcourse check docs/workshop/00_mistaken_mean.py --nproc 2
 
-Your tasks (notebooks/00_start_here.ipynb explains each collective with a picture):
-  TODO 1  global_mean: the mean over ranks of each rank's loss, known on every rank
-  TODO 2  global_max:  the largest gradient norm on any rank, known on every rank
-  TODO 3  gather_all:  every rank's loss, in rank order, on every rank
+This file shows none of lab 00's answers, so it can lie open on the projector before the room has done
+the lab. It loads the course's solution of lab 00 (solutions/00_first_collectives.py) when it runs,
+swaps that module's global_mean for the version below, and runs the solution's main(): the max and the
+gather stay correct and pass, the mean fails. Ask the room what the FAIL line says before reading on.
 
-Run it:    python labs/00_first_collectives.py                  (one process: world size 1)
-           python -m ddpcourse run labs/00_first_collectives.py --nproc 3
-Check it:  python -m ddpcourse check labs/00_first_collectives.py
+The mistake: torch.mean of the tensor this rank holds is a mean over that tensor's elements (one loss),
+not over the ranks. No collective runs, so every rank returns its own loss.
 """
+import importlib.util
+from pathlib import Path
+
 import torch
-import torch.distributed as dist
 
-from ddpcourse import init_distributed, report
-
-# float64 so that the checker can compare exactly: these are exact binary fractions.
-DTYPE = torch.float64
+COURSE_ROOT = Path(__file__).resolve().parents[2]
+SOLUTION = COURSE_ROOT / "solutions" / "00_first_collectives.py"
 
 
-def local_measurements(rank):
-    """What this rank measured on its own shard: different on every rank, the same on every run."""
-    loss = torch.tensor(1.0 + 0.5 * rank, dtype=DTYPE)
-    grad_norm = torch.tensor(float((rank * 5) % 7 + 1), dtype=DTYPE)  # 1, 6, 4, 2, ...: max not on the last rank
-    return loss, grad_norm
+def load_solution():
+    """The solution of lab 00 as a module (its main() is not run on import)."""
+    spec = importlib.util.spec_from_file_location("lab00_solution", SOLUTION)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def global_mean(value, world_size):
-    """The mean of `value` over all ranks, returned on every rank. `value` itself is left unchanged."""
-    total = value.clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total  # the mistake shown on the projector: a sum, not a mean
-
-
-def global_max(value):
-    """The largest `value` on any rank, returned on every rank. `value` itself is left unchanged."""
-    largest = value.clone()
-    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    return largest
-
-
-def gather_all(value, world_size):
-    """A 1-D tensor of every rank's `value`, element i from rank i, on every rank."""
-    parts = [torch.empty_like(value) for _ in range(world_size)]
-    dist.all_gather(parts, value)
-    return torch.stack(parts)
-
-
-def main():
-    rank, world_size, device = init_distributed()
-    loss, grad_norm = local_measurements(rank)
-    loss, grad_norm = loss.to(device), grad_norm.to(device)
-
-    mean_loss = global_mean(loss, world_size)
-    max_grad_norm = global_max(grad_norm)
-    all_losses = gather_all(loss, world_size)
-
-    print(f"local loss {loss.item():.2f}, local grad norm {grad_norm.item():.0f} -> "
-          f"mean loss {mean_loss.item():.4f}, max grad norm {max_grad_norm.item():.0f}, "
-          f"all losses {all_losses.tolist()}")
-    # The check reads these; the local values too, to catch an in-place all_reduce on the caller's tensor.
-    report(local_loss=loss, local_grad_norm=grad_norm, mean_loss=mean_loss,
-           max_grad_norm=max_grad_norm, all_losses=all_losses)
-    dist.destroy_process_group()
+def mistaken_global_mean(value, world_size):
+    """What a learner might write first: a mean, but of what this rank holds only."""
+    return torch.mean(value)  # the mistake shown on the projector: no other rank's loss takes part
 
 
 if __name__ == "__main__":
-    main()
+    lab = load_solution()
+    lab.global_mean = mistaken_global_mean  # main() looks global_mean up in the solution's module
+    lab.main()
