@@ -1,12 +1,11 @@
 """README and docs/, checked against what they describe: the time table adds up, its reading column is what
-docs/workshop/count_words.py measures, and README agrees with it; the cheat sheet's facts hold on this torch
-(and its PDF is up to date), troubleshooting rows show the real error text, and the mistaken-lab demo shows
+docs/workshop/count_words.py measures, and README agrees with it (the cheat sheet has
+tests/test_cheatsheet.py); troubleshooting rows show the real error text, and the mistaken-lab demo shows
 none of lab 00's answers and fails its check as the guide says.
 
 Cheap on purpose: one launch (the broken copy's check, at one world size), two small subprocesses (pip,
 a bare Python); everything else runs inside this process.
 """
-import datetime
 import importlib.util
 import io
 import json
@@ -14,10 +13,8 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from ddpcourse.paths import COURSE_ROOT
@@ -26,7 +23,6 @@ DOCS = COURSE_ROOT / "docs"
 README = (COURSE_ROOT / "README.md").read_text()
 GUIDE = (DOCS / "instructors.md").read_text()
 TROUBLESHOOTING = (DOCS / "troubleshooting.md").read_text()
-CHEATSHEET = (DOCS / "cheatsheet.md").read_text()
 MISTAKEN_LAB = DOCS / "workshop" / "00_mistaken_mean.py"
 
 
@@ -55,13 +51,6 @@ def table_rows(markdown):
 
 def minutes(text):
     return int(re.search(r"(\d+) min", text).group(1))
-
-
-def printable():
-    spec = importlib.util.spec_from_file_location("make_printable", DOCS / "make_printable.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ----------------------------------------------------------------------------- the time table
@@ -242,93 +231,6 @@ def test_demo_counts_and_predict_budgets_match_the_notebooks():
         assert 0 < asked <= row["votes"], f"notebook {module} has {asked} Predicts; the time table budgets {row['votes']}"
 
 
-# ----------------------------------------------------------------------------- the cheat sheet
-def test_cheatsheet_prints_lines_of_at_most_100_characters_and_no_svg_links():
-    long = [line for line in CHEATSHEET.splitlines() if len(line) > 100]
-    assert not long, long
-    assert ".svg" not in CHEATSHEET and "](" not in CHEATSHEET
-
-
-def test_printable_cheatsheet_is_up_to_date_and_at_most_two_pages():
-    make = printable()
-    assert make.problems() == []
-    pages, _ = make.pdf_facts(make.TARGET)
-    assert pages == len(make.layout(CHEATSHEET)) <= 2
-    widest = max(len(text) for page in make.layout(CHEATSHEET) for _, text in page)
-    assert widest * 0.6 * make.FONT_SIZE / 72 <= make.PAGE_WIDTH - 2 * make.MARGIN  # monospace: 0.6 em a char
-
-
-def test_default_timeouts_per_backend_are_the_cheatsheets():
-    from torch.distributed import constants
-    from torch.distributed.distributed_c10d import _get_default_timeout
-
-    assert constants.default_pg_timeout == datetime.timedelta(minutes=30)
-    assert _get_default_timeout("gloo") == datetime.timedelta(minutes=30)
-    nccl = constants.default_pg_nccl_timeout  # None on a CPU-only build: read torch's own documentation then
-    if nccl is not None:
-        assert nccl == datetime.timedelta(minutes=10)
-    assert "Default value is 10 minutes for NCCL and 30 minutes for other backends" in " ".join(
-        dist.init_process_group.__doc__.split())
-    assert "10 minutes for nccl, 30 minutes for gloo and every other\n  backend" in CHEATSHEET
-
-
-def test_forward_sync_buffers_is_new_in_torch_2_13():
-    from torch.nn.parallel import DistributedDataParallel
-
-    assert "forward_sync_buffers" in DistributedDataParallel.__init__.__code__.co_varnames
-    assert ".. deprecated:: 2.13" in DistributedDataParallel.__doc__  # broadcast_buffers, replaced by it
-    assert "`forward_sync_buffers` is new in torch 2.13" in CHEATSHEET
-
-
-def allreduce_on_two_threads(op, values):
-    """all_reduce `values[r]` on two gloo ranks inside this process (one thread each); returns each rank's result."""
-    store, results = dist.HashStore(), {}
-
-    def rank(r):
-        group = dist.ProcessGroupGloo(store, r, 2, datetime.timedelta(seconds=30))
-        options = dist.AllreduceOptions()
-        options.reduceOp = op
-        tensor = torch.tensor([values[r]])
-        try:
-            group.allreduce([tensor], options).wait()
-            results[r] = tensor.item()
-        except RuntimeError as error:
-            results[r] = error
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert sorted(results) == [0, 1], f"an all_reduce did not finish within 30 s: only ranks {sorted(results)} returned"
-    return results
-
-
-def test_reduce_op_avg_works_on_gloo_for_floats_only():
-    assert allreduce_on_two_threads(dist.ReduceOp.AVG, [1.0, 4.0]) == {0: 2.5, 1: 2.5}
-    integers = allreduce_on_two_threads(dist.ReduceOp.AVG, [1, 4])
-    assert len(integers) == 2 and all(isinstance(result, RuntimeError) for result in integers.values()), integers
-    assert "with gloo only in recent releases" in CHEATSHEET and "float tensors" in CHEATSHEET
-
-
-def test_torch_load_refuses_code_by_default_as_weights_only():
-    buffer = io.BytesIO()
-    torch.save({"weights": torch.ones(2), "extra": socket.AddressFamily}, buffer)  # any non-tensor global
-    buffer.seek(0)
-    with pytest.raises(Exception, match="Weights only load failed"):
-        torch.load(buffer)
-    assert "`weights_only=True` (the default since torch 2.6)" in CHEATSHEET
-
-
-def test_every_torchrun_option_in_the_cheatsheet_exists():
-    from torch.distributed.run import get_args_parser
-
-    known = {option for action in get_args_parser()._actions for option in action.option_strings}
-    mentioned = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", section(CHEATSHEET, "## 2. torchrun")))
-    assert mentioned - {"--local-rank"} <= known, mentioned - known
-    assert {"--max-restarts", "--nnodes", "--node-rank", "--rdzv-endpoint", "--local-addr"} <= mentioned
-
-
 # ----------------------------------------------------------------------------- troubleshooting rows
 def test_a_script_started_without_a_launcher_needs_rank(monkeypatch):
     if dist.is_initialized():
@@ -456,33 +358,3 @@ def test_the_room_line_of_a_fresh_copy_reads_as_the_guide_shows(tmp_path):
         assert re.fullmatch(r"new|syntax|edited|missing|pass|todo\d(,\d)*", state), state
         assert f"`{'todoK,K' if state.startswith('todo') else state}`:" in GUIDE  # each state explained
 
-
-def test_ddp_bucket_sizes_are_the_cheatsheets():
-    import inspect
-
-    import torch.nn.parallel.distributed as ddp
-
-    assert ddp._DEFAULT_BUCKET_CAP_MB == 25 and dist._DEFAULT_FIRST_BUCKET_BYTES == 1024 * 1024
-    assert "_DEFAULT_FIRST_BUCKET_BYTES if is_using_default else" in inspect.getsource(ddp)
-    assert "bucket_size_limits = [sys.maxsize]" in inspect.getsource(ddp)  # step 1: one bucket
-    assert "one in step 1, then rebuilt in the order the gradients arrived, 25 MiB each" in CHEATSHEET
-    assert "by default the first closes at 1 MiB, an explicit cap sets it too" in CHEATSHEET
-
-
-def test_the_cheatsheets_checkpoint_code_saves_and_loads(tmp_path, monkeypatch):
-    """Section 5's block, run as written by rank 0 of one process (no process group: barrier is a no-op)."""
-    import os
-    import types
-
-    code = re.search(r"```python\n(.*?)```", section(CHEATSHEET, "## 5. Checkpoints"), re.S).group(1)
-    assert "os.fsync(f.fileno())" in code  # what notebook 03 and lab 05 teach
-    monkeypatch.chdir(tmp_path)
-    saved = torch.nn.Linear(3, 2)
-    model = types.SimpleNamespace(module=torch.nn.Linear(3, 2))
-    model.module.load_state_dict(saved.state_dict())
-    fake_dist = types.SimpleNamespace(barrier=lambda: None)
-    synced = []
-    monkeypatch.setattr(os, "fsync", lambda fd, real=os.fsync: synced.append(fd) or real(fd))
-    exec(code, {"rank": 0, "model": model, "dist": fake_dist, "device": "cpu", "torch": torch, "os": os})
-    assert synced and not (tmp_path / "ckpt.pt.tmp").exists()
-    assert torch.equal(torch.load(tmp_path / "ckpt.pt", weights_only=True)["weight"], saved.weight)
