@@ -45,13 +45,17 @@ class DoctorReport:
         return f"DoctorReport({'all checks passed' if self.ok else 'some checks FAILED'})"
 
 
-def pins(path=None):
-    """{package: version} from requirements.txt, the single list of tested versions."""
+def pins(path=None, python=None):
+    """{package: version} from requirements.txt, the single list of tested versions, for this Python (or
+    `python`, "3.10"): a line with a `; python_version ...` marker counts only where its marker holds."""
+    from packaging.markers import Marker
+
     path = path or COURSE_ROOT / "requirements.txt"
+    environment = {"python_version": python or platform.python_version().rsplit(".", 1)[0]}
     found = {}
     for line in path.read_text().splitlines():
-        match = re.match(r"^\s*([A-Za-z0-9_.-]+)==([^\s;#]+)", line)
-        if match:
+        match = re.match(r"^\s*([A-Za-z0-9_.-]+)==([^\s;#]+)\s*(?:;([^#]*))?", line)
+        if match and (match.group(3) is None or Marker(match.group(3)).evaluate(environment)):
             found[match.group(1).lower()] = match.group(2)
     return found
 
