@@ -11,7 +11,7 @@ its own pip configuration sets it to its index).
 
 Standard library only, and nothing newer than Python 3.6 before the version check: it runs before anything
 is installed, sometimes under macOS's old /usr/bin/python3. Underneath it is venv and pip, step by step as
-README's "Install and open" shows; a second run finds the environment set up and starts in seconds.
+README's "Install by hand" shows; a second run finds the environment set up and starts in seconds.
 """
 import argparse
 import hashlib
@@ -247,7 +247,9 @@ def jupyterlab_command(port, browser=True, root=False):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python3 start.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 start.py", description=__doc__.split("\n")[0],
+                                     epilog="`python3 start.py test [pytest arguments]` runs the test suite "
+                                            "in the course's environment (set up first when needed).")
     parser.add_argument("--no-browser", action="store_true", help="print JupyterLab's address, open no browser")
     parser.add_argument("--port", type=int, help="JupyterLab's port (default: 8888, or the next free one)")
     parser.add_argument("--no-lab", action="store_true", help="set up and run the doctor, no JupyterLab")

@@ -10,7 +10,7 @@ After a training step every rank knows only its own numbers: the loss on its sha
 norm of its gradients. Logging, early stopping and gradient clipping need the *global* values, and
 every rank needs them (not only rank 0), or the ranks start to take different decisions.
 
-Your tasks (notebooks/00_start_here.ipynb explains each collective with a picture):
+Your tasks (notebook 00, clean/00_start_here.ipynb, explains each collective with a picture):
   TODO 1  global_mean: the mean over ranks of each rank's loss, known on every rank
   TODO 2  global_max:  the largest gradient norm on any rank, known on every rank
   TODO 3  gather_all:  every rank's loss, in rank order, on every rank
@@ -53,8 +53,8 @@ def global_max(value):
 def gather_all(value, world_size):
     """A 1-D tensor of every rank's `value`, element i from rank i, on every rank."""
     # TODO 3: every rank needs one slot per rank; one collective fills slot r with rank r's value on
-    #         every rank; return them as one tensor, one row per rank
-    raise NotImplementedError("TODO 3: every rank needs one slot per rank; one collective fills slot r with rank r's value on every rank; return them as one tensor, one row per rank")
+    #         every rank; return them as one 1-D tensor, element r from rank r
+    raise NotImplementedError("TODO 3: every rank needs one slot per rank; one collective fills slot r with rank r's value on every rank; return them as one 1-D tensor, element r from rank r")
 
 
 def main():

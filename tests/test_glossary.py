@@ -48,7 +48,7 @@ REQUIRED = {
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
 ENTRY = re.compile(r'^<a id="([^"]+)"></a>\s*\n+### ([^\n]+)\n(.*?)(?=^<a id=|\Z)', re.M | re.S)
 INTRODUCED = "**Introduced in:**"
-NOTEBOOK_LINK = re.compile(r"^\.\./notebooks/(\d\d)_\w+\.ipynb$")
+NOTEBOOK_LINK = re.compile(r"^\.\./clean/(\d\d)_\w+\.ipynb$")  # the learner's copy: no outputs to spoil a Predict
 
 
 def text_of(value):
@@ -312,8 +312,8 @@ def test_anchor_check_catches_a_missing_anchor():
      "barrier: no definition"),
     ("no introduction", lambda t: t.replace("**Introduced in:** [notebook 05, §5, \"Uneven", "[notebook 05, §5, \"Uneven"),
      "Join: needs exactly one line"),
-    ("a notebook that does not exist", lambda t: t.replace("../notebooks/04_sync_without_backward.ipynb",
-                                                            "../notebooks/04_sync_without_backwards.ipynb"),
+    ("a notebook that does not exist", lambda t: t.replace("../clean/04_sync_without_backward.ipynb",
+                                                            "../clean/04_sync_without_backwards.ipynb"),
      "does not exist"),
     ("no section", lambda t: t.replace('[notebook 04, §2 "Averaging parameters: local SGD"]',
                                        '[notebook 04]'), "names no section"),

@@ -7,6 +7,7 @@ import collections
 import copy
 import importlib.metadata
 import json
+import os
 import re
 from pathlib import Path
 
@@ -300,3 +301,16 @@ def test_compared_outputs_state_no_device_facts(path):
     facts = [f"cell {first_line!r}: {line.strip()}" for first_line, text in compared_texts(path)
              for line in text.splitlines() if DEVICE_FACT.search(line) and SKIPPED_HERE not in line]
     assert not facts, f"{path.name}: assert these in code and print a machine-independent line:\n" + "\n".join(facts)
+
+
+def test_a_kernel_from_another_copy_of_the_course_is_named(tmp_path, monkeypatch, capsys):
+    """A notebook opened in one copy while the kernel's ddpcourse is another copy would run that copy's labs."""
+    from ddpcourse.authoring.notebooks import NOTEBOOKS, setup_notebook
+
+    monkeypatch.chdir(COURSE_ROOT / "clean")
+    setup_notebook()
+    assert capsys.readouterr().out == "" and os.getcwd() == str(NOTEBOOKS)
+    monkeypatch.chdir(tmp_path)
+    setup_notebook()
+    warning = capsys.readouterr().out
+    assert warning.startswith("WARNING: this kernel's ddpcourse is the course in") and str(tmp_path) in warning

@@ -163,6 +163,20 @@ def test_reset_saves_the_learners_version_then_restores_the_generated_one(tmp_pa
     assert saved.read_text() == mine and again.saved.read_text() == mine + "# more\n"
 
 
+def test_reset_starts_the_hints_again_from_the_todo_comment(tmp_path):
+    from ddpcourse.authoring.todos import remember_level, revealed_level
+
+    labs = fresh_labs(tmp_path)
+    lab = labs / SOLUTIONS["03"].name
+    other = labs / SOLUTIONS["00"].name
+    remember_level(lab, 1, 3)
+    remember_level(other, 1, 2)
+    lab.write_text(lab.read_text() + "# my edit\n")
+    reset("03", labs=labs)
+    assert revealed_level(lab, 1) == 1
+    assert revealed_level(other, 1) == 2  # another lab's hints stay where they were
+
+
 def test_reset_of_an_untouched_or_missing_lab(tmp_path):
     labs = fresh_labs(tmp_path)
     before = sorted(p.name for p in labs.iterdir())

@@ -23,7 +23,13 @@ LINK = re.compile(r"(\]\(|src=[\"'])([^)\"'\s]+)")
 
 
 def setup_notebook():
-    """Run the notebook's cells from notebooks/, so `demos/...` paths resolve from a clean/ copy too."""
+    """Run the notebook's cells from notebooks/, so `demos/...` paths resolve from a clean/ copy too. A kernel
+    whose ddpcourse belongs to another copy of the course would run that copy's labs: it says so."""
+    opened_in = Path.cwd().resolve()
+    if COURSE_ROOT.resolve() not in (opened_in, *opened_in.parents):
+        print(f"WARNING: this kernel's ddpcourse is the course in {COURSE_ROOT}, not the one this notebook is "
+              f"in ({opened_in}): run_lab and check_lab would use that copy's labs. Start JupyterLab with "
+              f"`python3 start.py` in this notebook's course folder.")
     os.chdir(NOTEBOOKS)
 
 

@@ -206,6 +206,17 @@ def remember_level(lab_path, number, level):
         pass  # a read-only folder: the hint is still shown, only not remembered
 
 
+def forget_levels(lab_path):
+    """A reset lab starts its hints again from the TODO comment."""
+    lab_path = Path(lab_path)
+    state = _read_state(lab_path)
+    if state.pop(lab_path.name, None) is not None:
+        try:
+            _state_path(lab_path).write_text(json.dumps(state, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        except OSError:
+            pass
+
+
 def solution_regions(solution):
     """The regions of a solution file, by TODO number."""
     solution = Path(solution)

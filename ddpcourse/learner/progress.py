@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files, lab_spelling
-from ddpcourse.authoring.todos import generated_text, open_todos, same_text, todo_status
+from ddpcourse.authoring.todos import forget_levels, generated_text, open_todos, same_text, todo_status
 
 STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
 NOT_STARTED, TODOS_OPEN, NO_COMPILE, CHECK_FAILS, PASSES, MISSING = (
@@ -153,7 +153,7 @@ def status(labs=None, solutions=None, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOU
 
 
 def room_line(labs=None, solutions=None):
-    """One line for a room's shared document, nothing launched: ``ddpcourse 00:pass 01:todo2 02:new ...``.
+    """One line for a room's shared document, nothing launched: ``ddpcourse 00:edited 01:todo2 02:new ...``.
 
     new: as generated; todoK,K: open TODOs; syntax: does not compile; edited: every TODO done (whether it
     passes is the check's to say: ``status`` runs it); missing: no file."""
@@ -227,6 +227,7 @@ def reset(lab, labs=None, solutions=None, now=None):
         result.saved = saved
     labs_dir.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
+    forget_levels(target)
     todos = len(open_todos(text))
     kept = f"your version is saved as {display_path(result.saved)}; " if result.saved else "there was no file to save; "
     result.message = f"{kept}{shown} is back to its generated state ({todos} TODOs open)."
