@@ -578,6 +578,12 @@ def grad_ratios(ours, reference):
             for n, r in reference.items() if n in ours}
 
 
+def bf16_exact_fraction(final, trained):
+    """The share of trained weights that are exact bf16 values: about 0 for fp32 masters, 1 for bf16 ones."""
+    exact = sum((final[n] == final[n].bfloat16().float()).sum().item() for n in trained)
+    return exact / sum(final[n].numel() for n in trained)
+
+
 def fsdp_cases(group, rank, world_size):
     reference, reference_grads = one_process_sgd(world_size)
     cases = {}
@@ -588,6 +594,7 @@ def fsdp_cases(group, rank, world_size):
                         "grad_ratios": grad_ratios(first_grads, reference_grads),
                         "shard_dtypes": sorted({str(p.dtype) for p in fsdp.parameters()}),
                         "parameters": [[p.numel(), p.requires_grad] for p in fsdp.parameters()],
+                        "bf16_exact_fraction": bf16_exact_fraction(final, reference_grads),
                         "frozen_moved": frozen_moved, "memory": memory, "collectives": collectives}
     return cases
 
@@ -621,7 +628,8 @@ def main():
               f"max |ours - fully_shard| {max(case['vs_fully_shard'].values()):.3g}; rank {rank}: shards "
               f"{memory['shard_bytes']} bytes, live tensors +{memory['after_forward'] - memory['before_forward']} "
               f"bytes after the forward; collectives in one step {len(case['collectives']['calls'])}")
-    report(optimizer=optimizer_results, sizes=sizes, fsdp=fsdp_results, units=units_of(build()),
+    trainable = [name for name, p in build().named_parameters() if p.requires_grad]
+    report(optimizer=optimizer_results, sizes=sizes, trainable=trainable, fsdp=fsdp_results, units=units_of(build()),
            partitions=[[sizes_, world, partition(sizes_, world)] for sizes_, world in PARTITION_CASES],
            tied_refused=tied_across_units_refused(group),
            config={"steps": STEPS, "batch_size": BATCH_SIZE, "width": WIDTH, "seed": SEED,
