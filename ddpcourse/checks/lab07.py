@@ -266,7 +266,7 @@ def explain_failure(run):
         return ("a unit's flat parameter does not split into its parameters plus padding: padding wrong; pad each "
                 "flat parameter up to a multiple of the world size (math.ceil(total / world_size) * world_size) so "
                 "that every rank's shard has the same size")
-    if "assigned grad has data of a different size" in error or "different shape" in error:
+    if "attempting to assign a gradient of size" in error or "assigned grad has data of a different size" in error:
         return ("a shard's .grad got the whole unit's gradient: all_reduce leaves every rank the full gradient; "
                 "reduce-scatter it (dist.reduce_scatter_single) so each rank receives only its shard's slice")
     if "modified by an inplace operation" in error:
