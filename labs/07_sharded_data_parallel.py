@@ -196,9 +196,9 @@ class FSDP(nn.Module):
         if unit.state != "free":
             return
         # TODO 4: give the full copy its memory back, then gather every rank's shard into it, in the
-        #         compute dtype, without waiting: _wait() finishes it. Write through unit.buffer,
+        #         compute dtype, without waiting (_wait finishes it). Write through unit.buffer,
         #         never unit.full
-        raise NotImplementedError("TODO 4: give the full copy its memory back, then gather every rank's shard into it, in the compute dtype, without waiting: _wait() finishes it. Write through unit.buffer, never unit.full")
+        raise NotImplementedError("TODO 4: give the full copy its memory back, then gather every rank's shard into it, in the compute dtype, without waiting (_wait finishes it). Write through unit.buffer, never unit.full")
 
     def _wait(self, unit):
         if unit.state == "gathering":
@@ -257,9 +257,9 @@ class FSDP(nn.Module):
     def _post_backward(self, unit):
         """Runs once the unit's flat gradient (unit.full.grad) is complete."""
         # TODO 6: each rank needs only its shard's slice of the gradient, as the mean over ranks;
-        #         start the communication without waiting, keep what
-        #         finish_gradient_synchronization() needs, and take the gradient off the full copy
-        raise NotImplementedError("TODO 6: each rank needs only its shard's slice of the gradient, as the mean over ranks; start the communication without waiting, keep what finish_gradient_synchronization() needs, and take the gradient off the full copy")
+        #         start the communication without waiting, keep what finish_gradient_synchronization
+        #         needs, and take the gradient off the full copy
+        raise NotImplementedError("TODO 6: each rank needs only its shard's slice of the gradient, as the mean over ranks; start the communication without waiting, keep what finish_gradient_synchronization needs, and take the gradient off the full copy")
         self._free(unit)
 
     def finish_gradient_synchronization(self):

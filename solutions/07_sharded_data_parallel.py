@@ -209,7 +209,7 @@ class FSDP(nn.Module):
             return
         ### BEGIN SOLUTION
         ### HINT 1: give the full copy its memory back, then gather every rank's shard into it, in the compute
-        ### HINT 1: dtype, without waiting: _wait() finishes it. Write through unit.buffer, never unit.full
+        ### HINT 1: dtype, without waiting (_wait finishes it). Write through unit.buffer, never unit.full
         ### HINT 2: unit.storage.resize_(unit.padded * unit.buffer.element_size()), unit.shard.detach().to(...),
         ### HINT 2: dist.all_gather_single(output, input, group=..., async_op=True); keep the input alive
         unit.storage.resize_(unit.padded * unit.buffer.element_size())
@@ -280,7 +280,7 @@ class FSDP(nn.Module):
         """Runs once the unit's flat gradient (unit.full.grad) is complete."""
         ### BEGIN SOLUTION
         ### HINT 1: each rank needs only its shard's slice of the gradient, as the mean over ranks; start the
-        ### HINT 1: communication without waiting, keep what finish_gradient_synchronization() needs, and
+        ### HINT 1: communication without waiting, keep what finish_gradient_synchronization needs, and
         ### HINT 1: take the gradient off the full copy
         ### HINT 2: dist.reduce_scatter_single(output, input, op=dist.ReduceOp.AVG, group=..., async_op=True),
         ### HINT 2: grad.new_empty(unit.shard_numel), self._pending.append((unit, reduced, grad, work))
