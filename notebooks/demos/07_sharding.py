@@ -1,0 +1,374 @@
+"""Notebook 07's experiments, in one launch on 3 ranks: process groups of 1, 2 and 3 ranks stand for
+world sizes 1, 2 and 3 (ranks outside a group wait at the next barrier).
+
+- memory: the bytes of parameters, gradients and optimizer state each rank really holds after one step,
+  for DDP, ZeRO-1 (torch's ZeroRedundancyOptimizer), ZeRO-2 (written here: gradients reduce-scattered)
+  and ZeRO-3 (torch's fully_shard), with SGD + momentum and with Adam;
+- traffic: bytes through the loopback interface per collective and per training step (Linux only: the
+  counters are /proc/net/dev's), so what gloo really sends is counted, not assumed;
+- torch's FSDP tools: fully_shard with MixedPrecisionPolicy against one process, gradient accumulation with
+  set_requires_gradient_sync(False), clip_grad_norm_ over shards against clipping each shard on its own,
+  and a sharded checkpoint (torch.distributed.checkpoint) saved here on 2 ranks (notebook 07's next cell
+  loads it on 3: --load).
+
+    python -m ddpcourse run notebooks/demos/07_sharding.py --nproc 3 -- --checkpoint DIR
+    python -m ddpcourse run notebooks/demos/07_sharding.py --nproc 3 -- --checkpoint DIR --load
+"""
+import argparse
+import importlib.util
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddpcourse import init_distributed, report
+
+# The lab's solution, loaded explicitly by path: a demo never runs the learner's unfinished lab.
+_spec = importlib.util.spec_from_file_location(
+    "lab07_solution", Path(__file__).resolve().parents[2] / "solutions" / "07_sharded_data_parallel.py")
+solution = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(solution)
+
+WIDTH, LAYERS = 512, 6  # 6 x Linear(512, 512): 1.58 M parameters, 6.3 MB in fp32
+BATCH = 16  # per rank
+LR = 0.05
+OPTIMIZERS = {"SGD + momentum": (torch.optim.SGD, {"lr": LR, "momentum": 0.9}),
+              "Adam": (torch.optim.Adam, {"lr": 1e-3})}
+
+
+def build(seed=0, width=WIDTH, layers=LAYERS):
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+
+def batch(step, rank, width=WIDTH, size=BATCH):
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(size, width, generator=generator), torch.randn(size, width, generator=generator)
+
+
+def whole_batch(step, ranks, width=WIDTH, size=BATCH):
+    parts = [batch(step, r, width, size) for r in ranks]
+    return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
+
+def local(tensor):
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def nbytes(tensors):
+    """Bytes of the storages behind `tensors`, each storage once (a view adds nothing)."""
+    seen = {}
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        storage = local(tensor).untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def state_tensors(optimizer):
+    return [value for state in optimizer.state.values() for value in state.values() if torch.is_tensor(value)]
+
+
+# ----------------------------------------------------------------------------- 1. where the memory goes
+def step_ddp(group, ranks, optimizer_cls, kwargs):
+    model = DDP(build(), process_group=group)
+    optimizer = optimizer_cls(model.parameters(), **kwargs)
+    x, y = batch(0, dist.get_rank())
+    F.mse_loss(model(x), y).backward()
+    optimizer.step()
+    params = list(model.parameters())
+    return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
+            "optimizer state": nbytes(state_tensors(optimizer))}
+
+
+def step_zero1(group, ranks, optimizer_cls, kwargs):
+    model = DDP(build(), process_group=group)
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_cls, process_group=group,
+                                        **kwargs)
+    x, y = batch(0, dist.get_rank())
+    F.mse_loss(model(x), y).backward()
+    optimizer.step()
+    params = list(model.parameters())
+    return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
+            "optimizer state": nbytes(state_tensors(optimizer.optim))}
+
+
+class ZeRO2:
+    """Gradients reduce-scattered, each rank keeps (and steps) one slice of the parameters: written here in a
+    few lines to count what a rank holds; lab 07 builds the real thing. The parameters are views of one flat
+    buffer (as ZeroRedundancyOptimizer's parameters_as_bucket_view), so this rank's slice is no extra copy."""
+
+    def __init__(self, model, group, optimizer_cls, kwargs):
+        self.group, self.params = group, list(model.parameters())
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.total = sum(p.numel() for p in self.params)
+        self.shard_size = -(-self.total // self.world)  # padded: every rank's slice has the same size
+        self.flat = torch.zeros(self.shard_size * self.world)
+        offset = 0
+        for p in self.params:
+            self.flat[offset:offset + p.numel()] = p.detach().reshape(-1)
+            p.data = self.flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        mine = slice(self.rank * self.shard_size, (self.rank + 1) * self.shard_size)
+        self.shard = nn.Parameter(self.flat[mine])  # a view: the optimizer steps the model's own numbers
+        self.optimizer = optimizer_cls([self.shard], **kwargs)
+
+    def step(self):
+        grads = torch.zeros_like(self.flat)
+        grads[:self.total] = torch.cat([p.grad.reshape(-1) for p in self.params])
+        for p in self.params:
+            p.grad = None  # the full gradient is not kept: only this rank's slice of its mean
+        self.shard.grad = torch.empty(self.shard_size)
+        dist.reduce_scatter_single(self.shard.grad, grads, group=self.group)
+        self.shard.grad /= self.world
+        del grads
+        self.optimizer.step()
+        with torch.no_grad():  # every rank's updated slice to every rank (input and output must not overlap)
+            dist.all_gather_single(self.flat, self.shard.detach().clone(), group=self.group)
+
+
+def step_zero2(group, ranks, optimizer_cls, kwargs):
+    model = build()
+    zero = ZeRO2(model, group, optimizer_cls, kwargs)
+    x, y = batch(0, dist.get_rank())
+    F.mse_loss(model(x), y).backward()
+    zero.step()
+    return {"parameters": nbytes([*model.parameters(), zero.shard]),
+            "gradients": nbytes([*(p.grad for p in model.parameters()), zero.shard.grad]),
+            "optimizer state": nbytes(state_tensors(zero.optimizer))}
+
+
+def sharded(group, mp_policy=None, seed=0):
+    mesh = DeviceMesh.from_group(group, "cpu")
+    model = build(seed)
+    for layer in model:
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy or MixedPrecisionPolicy())
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy or MixedPrecisionPolicy())
+    return model
+
+
+def step_zero3(group, ranks, optimizer_cls, kwargs):
+    model = sharded(group)
+    optimizer = optimizer_cls(model.parameters(), **kwargs)
+    x, y = batch(0, dist.get_rank())
+    F.mse_loss(model(x), y).backward()
+    optimizer.step()
+    params = list(model.parameters())
+    return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
+            "optimizer state": nbytes(state_tensors(optimizer))}
+
+
+SCHEMES = {"DDP": step_ddp, "ZeRO-1": step_zero1, "ZeRO-2": step_zero2, "ZeRO-3 (FSDP)": step_zero3}
+
+
+# ----------------------------------------------------------------------------- 3. what gloo sends
+def loopback_bytes():
+    """Bytes sent through the loopback interface so far, all processes of this machine together."""
+    with open("/proc/net/dev") as table:
+        for line in table:
+            if line.strip().startswith("lo:"):
+                return int(line.split(":")[1].split()[8])
+    return None
+
+
+def sent_per_call(operation, group, calls=4):
+    operation()
+    dist.barrier(group=group)
+    before = loopback_bytes()
+    for _ in range(calls):
+        operation()
+    dist.barrier(group=group)
+    after = loopback_bytes()
+    return None if before is None else (after - before) / calls
+
+
+def collective_traffic(group):
+    world = dist.get_world_size(group)
+    full = torch.ones(6 * 2**19)  # 12 MiB: divisible by 1, 2 and 3 ranks
+    shard = torch.ones(full.numel() // world)
+    return {"size": full.numel() * 4,
+            "all_gather_single": sent_per_call(lambda: dist.all_gather_single(full, shard, group=group), group),
+            "reduce_scatter_single": sent_per_call(lambda: dist.reduce_scatter_single(shard, full, group=group),
+                                                   group),
+            "all_reduce": sent_per_call(lambda: dist.all_reduce(full, group=group), group)}
+
+
+def step_traffic_and_time(group, steps=6):
+    """Loopback bytes and median time of one training step: DDP, DDP + ZeRO-1, fully_shard (6 units)."""
+    rank = dist.get_rank()
+    found = {}
+    for name in ("DDP", "DDP + ZeRO-1", "fully_shard"):
+        model = sharded(group) if name == "fully_shard" else DDP(build(), process_group=group)
+        optimizer = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                             process_group=group, lr=LR) if name == "DDP + ZeRO-1"
+                     else torch.optim.SGD(model.parameters(), lr=LR))
+
+        def train_step(step=[0]):
+            x, y = batch(step[0], rank)
+            step[0] += 1
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+
+        sent = sent_per_call(train_step, group)
+        times = []
+        for _ in range(steps):
+            dist.barrier(group=group)
+            began = time.perf_counter()
+            train_step()
+            dist.barrier(group=group)
+            times.append(time.perf_counter() - began)
+        found[name] = {"bytes": sent, "seconds": statistics.median(times)}
+    return found
+
+
+# ----------------------------------------------------------------------------- 5. torch's own tools
+def max_diff(model, reference):
+    full = {name: (t.full_tensor() if isinstance(t, DTensor) else t).detach().float()
+            for name, t in model.state_dict().items()}
+    return max((full[name] - t).abs().max().item() for name, t in reference.state_dict().items())
+
+
+def train_reference(ranks, steps, micro=1):
+    reference = build()
+    optimizer = torch.optim.SGD(reference.parameters(), lr=LR)
+    for step in range(steps):
+        optimizer.zero_grad()
+        for m in range(micro):
+            x, y = whole_batch(step * micro + m, ranks)
+            (F.mse_loss(reference(x), y) / micro).backward()
+        optimizer.step()
+    return reference
+
+
+def fsdp_equals_one_process(group, ranks, steps=3):
+    """fully_shard in fp32 and with MixedPrecisionPolicy(param_dtype=bfloat16) against one process in fp32."""
+    found = {}
+    for label, policy in [("fp32", None), ("bf16 compute", MixedPrecisionPolicy(param_dtype=torch.bfloat16))]:
+        model = sharded(group, policy)
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        for step in range(steps):
+            x, y = batch(step, dist.get_rank())
+            optimizer.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            optimizer.step()
+        found[label] = {"max_diff": max_diff(model, train_reference(ranks, steps)),
+                        "shard_dtype": str(local(next(model.parameters())).dtype)}
+    return found
+
+
+def accumulation(group, ranks, micro=3):
+    """micro-batches with set_requires_gradient_sync(False) but the last: one step, against one process."""
+    model = sharded(group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for m in range(micro):
+        model.set_requires_gradient_sync(m == micro - 1)
+        x, y = batch(m, dist.get_rank())
+        (F.mse_loss(model(x), y) / micro).backward()
+    optimizer.step()
+    return max_diff(model, train_reference(ranks, 1, micro))
+
+
+def clipping(group, ranks, max_norm=0.05):
+    """clip_grad_norm_ on DTensor shards computes the global norm; each rank clipping its own shard's norm
+    scales each shard differently. Both against one process clipping the whole gradient."""
+    reference = build()
+    x, y = whole_batch(0, ranks)
+    F.mse_loss(reference(x), y).backward()
+    total = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm).item()
+    torch.optim.SGD(reference.parameters(), lr=LR).step()
+    found = {"one process norm": total}
+    for label in ("clip_grad_norm_ on the sharded model", "each rank clips its own shard"):
+        model = sharded(group)
+        x, y = batch(0, dist.get_rank())
+        F.mse_loss(model(x), y).backward()
+        if label.startswith("clip_grad_norm_"):
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            found["sharded norm"] = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+        else:  # the mistake: this rank's own norm, from its shards only
+            own = torch.stack([local(p.grad).norm() for p in model.parameters()]).norm().item()
+            for p in model.parameters():
+                p.grad.mul_(min(1.0, max_norm / (own + 1e-6)))
+        torch.optim.SGD(model.parameters(), lr=LR).step()
+        found[label] = max_diff(model, reference)
+    return found
+
+
+def save_checkpoint(group, path):
+    """2 ranks train 2 steps with fully_shard and save the sharded state with torch.distributed.checkpoint."""
+    model = sharded(group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(2):
+        x, y = batch(step, dist.get_rank())
+        optimizer.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        optimizer.step()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=path, process_group=group)
+    reference = train_reference(range(dist.get_world_size(group)), 2)
+    return {"saved_by": dist.get_world_size(group), "files": sorted(os.listdir(path)),
+            "local_rows": local(model[0].weight).shape[0], "max_diff": max_diff(model, reference)}
+
+
+def load_checkpoint(path):
+    """Every rank of this launch (3) loads the 2-rank checkpoint into its own 3-way sharding."""
+    group = dist.group.WORLD
+    model = sharded(group, seed=1)  # other weights first: the load must replace them
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    model.load_state_dict(state["model"])
+    reference = train_reference(range(2), 2)
+    return {"loaded_by": dist.get_world_size(), "local_rows": local(model[0].weight).shape[0],
+            "max_diff": max_diff(model, reference)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoint", required=True, help="the sharded checkpoint's folder (made if missing)")
+    parser.add_argument("--load", action="store_true", help="load the checkpoint on every rank, train nothing")
+    options = parser.parse_args()
+    rank, world_size, _ = init_distributed(backend="gloo")
+    if options.load:
+        report(loaded=load_checkpoint(options.checkpoint))
+        dist.destroy_process_group()
+        return
+    groups = {n: dist.new_group(list(range(n))) for n in range(1, world_size + 1)}
+    memory, traffic, steps, equal, accumulated, clipped, saved = {}, {}, {}, {}, {}, {}, None
+    for n, group in groups.items():
+        ranks = list(range(n))
+        if rank < n:
+            for scheme, run in SCHEMES.items():
+                for optimizer_name, (optimizer_cls, kwargs) in OPTIMIZERS.items():
+                    memory[f"{scheme}|{optimizer_name}|{n}"] = run(group, ranks, optimizer_cls, kwargs)
+            if n > 1:
+                traffic[n] = collective_traffic(group)
+                steps[n] = step_traffic_and_time(group)
+            equal[n] = fsdp_equals_one_process(group, ranks)
+            accumulated[n] = accumulation(group, ranks)
+            clipped[n] = clipping(group, ranks)
+            if n == 2:
+                saved = save_checkpoint(group, options.checkpoint)
+        dist.barrier()
+    # sections 2 and 4: the lab's ShardedOptimizer and FSDP, on all 3 ranks (its fully_shard reference uses
+    # the whole world's mesh)
+    handmade = {"optimizer": solution.sharded_optimizer_cases(groups[world_size], rank, world_size)[0],
+                "fsdp": solution.fsdp_cases(groups[world_size], rank, world_size)}
+    params = sum(p.numel() for p in build().parameters())
+    report(parameters=params, handmade=handmade, memory=memory, traffic=traffic, steps=steps, equal=equal,
+           accumulated=accumulated, clipped=clipped, saved=saved)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
