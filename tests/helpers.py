@@ -1,4 +1,6 @@
-"""Helpers for the lab-check tests: realistic wrong versions of a solution, and finding a check."""
+"""Helpers for the tests: realistic wrong versions of a solution, finding a check, a markdown section."""
+import re
+
 from ddpcourse.paths import COURSE_ROOT
 
 
@@ -34,3 +36,19 @@ def wrong_version(solution_name, *edits, nproc=2):
         test.wrong_version = (solution_name, edits, nproc)
         return test
     return declare
+
+
+def section(markdown, heading):
+    """The lines under the heading that starts with ``heading``, up to the next heading of the same or a
+    higher level (lines inside code blocks are no headings)."""
+    level, lines, inside, code = len(heading.split(" ")[0]), [], False, False
+    for line in markdown.splitlines():
+        code = code != line.startswith("```")
+        is_heading = not code and re.match(r"^(#+) ", line)
+        if inside and is_heading and len(is_heading.group(1)) <= level:
+            break
+        inside = inside or line.startswith(heading)
+        if inside:
+            lines.append(line)
+    assert lines, f"no heading {heading!r}"
+    return "\n".join(lines)

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ddpcourse.paths import COURSE_ROOT
+from helpers import section
 
 DOCS = COURSE_ROOT / "docs"
 CHEATSHEET = (DOCS / "cheatsheet.md").read_text()
@@ -43,22 +44,6 @@ COURIER_WIDTH = 0.6                                # em a character, every chara
 # imports and stand-ins (a tiny model, a list as the loader), so a learner can copy any one of them
 # alone. A name added here must be one the sheet's prose defines, with the place it does so.
 PLACEHOLDERS = set()
-
-
-def section(markdown, heading):
-    """The lines under the heading that starts with ``heading``, up to the next heading of the same or a
-    higher level (lines inside code blocks are no headings)."""
-    level, lines, inside, code = len(heading.split(" ")[0]), [], False, False
-    for line in markdown.splitlines():
-        code = code != line.startswith("```")
-        is_heading = not code and re.match(r"^(#+) ", line)
-        if inside and is_heading and len(is_heading.group(1)) <= level:
-            break
-        inside = inside or line.startswith(heading)
-        if inside:
-            lines.append(line)
-    assert lines, f"no heading {heading!r}"
-    return "\n".join(lines)
 
 
 def printable():

@@ -148,3 +148,14 @@ def test_every_lab_declares_its_check():
         assert isinstance(declared, LabCheck), solution.name
         assert callable(declared.judge) and declared.nprocs and all(n >= 1 for n in declared.nprocs)
     assert declared_check("99") is None
+
+
+def test_a_lab_whose_harness_settings_changed_fails_with_them_named():
+    from types import SimpleNamespace
+
+    from ddpcourse.checks import changed_settings
+
+    run = SimpleNamespace(values=lambda key: [{"steps": 2}] if key == "config" else [])
+    assert changed_settings(run, {"steps": 2}) == []
+    [check] = changed_settings(run, {"steps": 3})
+    assert not check.passed and "the lab reports {'steps': 2}, expected {'steps': 3}" in check.detail

@@ -99,6 +99,16 @@ RECOMPUTED = 1e-7  # float32 values the check recomputes with the same operation
 ROUNDING = 1e-5  # float32 arithmetic summed in another order than the check's (ranks, buckets, a float64 replay)
 
 
+def changed_settings(run, expected):
+    """[a failing Check] when the lab's harness reports other settings than the check expects, else []: the
+    part of a lab below its classes is the check's experiment and must stay as given."""
+    config = run.values("config")[0]
+    if config == expected:
+        return []
+    return [Check("the lab keeps its harness settings", False,
+                  f"the lab reports {config}, expected {expected}: keep the part below the classes as it is")]
+
+
 def agree(got, expected, tol=EXACT):
     """True when ``got`` and ``expected`` (numbers, or nested lists or tensors of the same shape) agree
     elementwise within ``tol * (1 + |expected|)``: absolute near zero, relative for large values.

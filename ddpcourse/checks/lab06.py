@@ -11,7 +11,7 @@ sizes and the cap, independently of the lab.
 """
 import math
 
-from ddpcourse.checks import ROUNDING, Check, LabCheck, agree
+from ddpcourse.checks import ROUNDING, Check, LabCheck, agree, changed_settings
 from ddpcourse.launch.diagnosis import EXCEPTION_KIND
 
 NPROCS = (1, 2, 3)
@@ -198,10 +198,9 @@ def explain_failure(run):
 
 def checks(run):
     world = run.nproc
-    config = run.values("config")[0]
-    if config != CONFIG:
-        return [Check("the lab keeps its harness settings", False,
-                      f"the lab reports {config}, expected {CONFIG}: keep the part below the class as it is")]
+    changed = changed_settings(run, CONFIG)
+    if changed:
+        return changed
     per_rank = run.values("scenarios")
     scenarios = per_rank[0]
     found = []

@@ -10,7 +10,7 @@ forward, and the collectives the dispatcher saw in one step.
 """
 import math
 
-from ddpcourse.checks import Check, LabCheck
+from ddpcourse.checks import Check, LabCheck, changed_settings
 from ddpcourse.launch.diagnosis import EXCEPTION_KIND
 
 NPROCS = (1, 2, 3)
@@ -282,10 +282,9 @@ def explain_failure(run):
 
 def checks(run):
     world = run.nproc
-    config = run.values("config")[0]
-    if config != CONFIG:
-        return [Check("the lab keeps its harness settings", False,
-                      f"the lab reports {config}, expected {CONFIG}: keep the part below the classes as it is")]
+    changed = changed_settings(run, CONFIG)
+    if changed:
+        return changed
     units, sizes, trainable = run.values("units")[0], run.values("sizes")[0], run.values("trainable")[0]
     fsdp = run.values("fsdp")
     found = [_partition_check(run.values("partitions")[0])]

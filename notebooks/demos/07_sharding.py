@@ -82,27 +82,26 @@ def state_tensors(optimizer):
 
 
 # ----------------------------------------------------------------------------- 1. where the memory goes
-def step_ddp(group, ranks, optimizer_cls, kwargs):
-    model = DDP(build(), process_group=group)
-    optimizer = optimizer_cls(model.parameters(), **kwargs)
+def one_step_held(model, optimizer, state_of=None):
+    """One step; then the bytes of parameters, gradients and optimizer state this rank holds."""
     x, y = batch(0, dist.get_rank())
     F.mse_loss(model(x), y).backward()
     optimizer.step()
     params = list(model.parameters())
     return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
-            "optimizer state": nbytes(state_tensors(optimizer))}
+            "optimizer state": nbytes(state_tensors(state_of or optimizer))}
+
+
+def step_ddp(group, ranks, optimizer_cls, kwargs):
+    model = DDP(build(), process_group=group)
+    return one_step_held(model, optimizer_cls(model.parameters(), **kwargs))
 
 
 def step_zero1(group, ranks, optimizer_cls, kwargs):
     model = DDP(build(), process_group=group)
     optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_cls, process_group=group,
                                         **kwargs)
-    x, y = batch(0, dist.get_rank())
-    F.mse_loss(model(x), y).backward()
-    optimizer.step()
-    params = list(model.parameters())
-    return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
-            "optimizer state": nbytes(state_tensors(optimizer.optim))}
+    return one_step_held(model, optimizer, state_of=optimizer.optim)  # .optim: this rank's own optimizer
 
 
 class ZeRO2:
@@ -161,13 +160,7 @@ def sharded(group, mp_policy=None, seed=0):
 
 def step_zero3(group, ranks, optimizer_cls, kwargs):
     model = sharded(group)
-    optimizer = optimizer_cls(model.parameters(), **kwargs)
-    x, y = batch(0, dist.get_rank())
-    F.mse_loss(model(x), y).backward()
-    optimizer.step()
-    params = list(model.parameters())
-    return {"parameters": nbytes(params), "gradients": nbytes(p.grad for p in params),
-            "optimizer state": nbytes(state_tensors(optimizer))}
+    return one_step_held(model, optimizer_cls(model.parameters(), **kwargs))
 
 
 SCHEMES = {"DDP": step_ddp, "ZeRO-1": step_zero1, "ZeRO-2": step_zero2, "ZeRO-3 (FSDP)": step_zero3}
