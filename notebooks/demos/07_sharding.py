@@ -199,11 +199,17 @@ def collective_traffic(group):
 
 
 def step_traffic_and_time(group, steps=6):
-    """Loopback bytes and median time of one training step: DDP, DDP + ZeRO-1, fully_shard (6 units)."""
+    """Loopback bytes and median time of one training step: DDP, DDP + ZeRO-1, fully_shard and the lab's FSDP
+    (6 units each)."""
     rank = dist.get_rank()
     found = {}
-    for name in ("DDP", "DDP + ZeRO-1", "fully_shard"):
-        model = sharded(group) if name == "fully_shard" else DDP(build(), process_group=group)
+    for name in ("DDP", "DDP + ZeRO-1", "fully_shard", "FSDP by hand"):
+        if name == "fully_shard":
+            model = sharded(group)
+        elif name == "FSDP by hand":
+            model = solution.FSDP(build(), process_group=group)
+        else:
+            model = DDP(build(), process_group=group)
         optimizer = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
                                              process_group=group, lr=LR) if name == "DDP + ZeRO-1"
                      else torch.optim.SGD(model.parameters(), lr=LR))
@@ -213,6 +219,8 @@ def step_traffic_and_time(group, steps=6):
             step[0] += 1
             optimizer.zero_grad()
             F.mse_loss(model(x), y).backward()
+            if name == "FSDP by hand":
+                model.finish_gradient_synchronization()
             optimizer.step()
 
         sent = sent_per_call(train_step, group)
