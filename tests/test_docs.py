@@ -18,28 +18,13 @@ import pytest
 import torch.distributed as dist
 
 from ddpcourse.paths import COURSE_ROOT
+from helpers import section
 
 DOCS = COURSE_ROOT / "docs"
 README = (COURSE_ROOT / "README.md").read_text()
 GUIDE = (DOCS / "instructors.md").read_text()
 TROUBLESHOOTING = (DOCS / "troubleshooting.md").read_text()
 MISTAKEN_LAB = DOCS / "workshop" / "00_mistaken_mean.py"
-
-
-def section(markdown, heading):
-    """The lines under the heading that starts with ``heading``, up to the next heading of the same or a
-    higher level (lines inside code blocks are no headings)."""
-    level, lines, inside, code = len(heading.split(" ")[0]), [], False, False
-    for line in markdown.splitlines():
-        code = code != line.startswith("```")
-        is_heading = not code and re.match(r"^(#+) ", line)
-        if inside and is_heading and len(is_heading.group(1)) <= level:
-            break
-        inside = inside or line.startswith(heading)
-        if inside:
-            lines.append(line)
-    assert lines, f"no heading {heading!r}"
-    return "\n".join(lines)
 
 
 def table_rows(markdown):
