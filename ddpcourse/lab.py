@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 BACKEND_ENV = "DDPCOURSE_BACKEND"
 
@@ -137,15 +138,21 @@ def compare_replicas(model, atol=0.0):
 
 
 class CollectiveLog(TorchDispatchMode):
-    """The c10d collectives this rank launches while active, by name ("broadcast_", "allgather_", ...),
-    DDP's own C++ calls included: every collective goes through the dispatcher, whoever calls it."""
+    """The c10d collectives this rank launches while active, DDP's and FSDP's own C++ calls included: every
+    collective goes through the dispatcher, whoever calls it. ``calls``: [name, bytes of its largest tensor]
+    (the full flat tensor of an all-gather or a reduce-scatter); ``names``: the names ("broadcast_", ...)."""
 
     def __init__(self):
         super().__init__()
-        self.names = []
+        self.calls = []
+
+    @property
+    def names(self):
+        return [name for name, _ in self.calls]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket._qualified_op_name
         if name.startswith("c10d::"):
-            self.names.append(name[len("c10d::"):])
+            sizes = [t.nbytes for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            self.calls.append([name[len("c10d::"):], max(sizes, default=0)])
         return func(*args, **(kwargs or {}))

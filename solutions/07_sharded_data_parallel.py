@@ -46,7 +46,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.graph import register_multi_grad_hook
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 
@@ -471,28 +470,14 @@ def live_tensor_bytes(extra=()):
     return total
 
 
-class CollectiveLog(TorchDispatchMode):
-    """Every c10d collective this rank launches while active (whoever calls it: each goes through the
-    dispatcher): [name, bytes of its largest tensor] (the full flat tensor for all-gather and reduce-scatter)."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket._qualified_op_name
-        if name.startswith("c10d::"):
-            sizes = [t.nbytes for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            self.calls.append([name[len("c10d::"):], max(sizes, default=0)])
-        return func(*args, **(kwargs or {}))
-
-
 def launched(group):
     return [group._get_sequence_number_for_group(), dist.group.WORLD._get_sequence_number_for_group()]
 
 
 def train_fsdp(group, rank, compute_dtype):
     """STEPS steps of FSDP; the memory and the collectives of one step each observed from outside."""
+    from ddpcourse.lab import CollectiveLog
+
     model = build()
     fsdp = FSDP(model, compute_dtype=compute_dtype, process_group=group)
     optimizer = torch.optim.SGD(fsdp.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
