@@ -1,8 +1,8 @@
 """Helpers for the ddpcourse notebooks and labs.
 
 Notebook side: ``run_lab``, ``check_lab``, ``hint``, ``doctor``, ``predict``, ``setup_notebook`` (the
-first code cell of every notebook). Importing ddpcourse and
-``run_lab`` never import torch (every rank of a launch already pays for that); the checks of labs 01
+first code cell of every notebook), ``show_code`` (a demo's function or class, printed before its run).
+Importing ddpcourse and ``run_lab`` never import torch (every rank of a launch already pays for that); the checks of labs 01
 and 02 and the doctor do, to compute their expected values.
 Lab side (imports torch when first used): ``init_distributed``, ``report``, ``compare_replicas``.
 Each helper's module docstring names the notebook that introduces it.
@@ -10,7 +10,7 @@ Each helper's module docstring names the notebook that introduces it.
 from ddpcourse.reporting import report
 
 __all__ = ["run_lab", "check_lab", "hint", "report", "init_distributed", "compare_replicas", "doctor", "predict",
-           "setup_notebook"]
+           "setup_notebook", "show_code"]
 
 
 def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_args=(), nnodes=1):
@@ -55,7 +55,7 @@ def __getattr__(name):  # lazy: importing ddpcourse must not import torch or ipy
     if name == "predict":
         from ddpcourse.learner.quiz import predict
         return predict
-    if name == "setup_notebook":
-        from ddpcourse.authoring.notebooks import setup_notebook
-        return setup_notebook
+    if name in ("setup_notebook", "show_code"):
+        from ddpcourse.authoring import notebooks
+        return getattr(notebooks, name)
     raise AttributeError(f"module 'ddpcourse' has no attribute {name!r}")

@@ -33,6 +33,20 @@ def setup_notebook():
     os.chdir(NOTEBOOKS)
 
 
+def show_code(path, name):
+    """Print the top-level function or class ``name`` of a demo or lab file, as that file has it: the code the
+    next run executes, read from the one source that runs (never a copy pasted into the notebook)."""
+    import ast
+
+    source = Path(path).read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+            first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
+            print("\n".join(source.splitlines()[first - 1:node.end_lineno]))
+            return
+    raise LookupError(f"{path} has no top-level function or class {name!r}")
+
+
 def notebook_files(folder=NOTEBOOKS):
     return sorted(Path(folder).glob("[0-9][0-9]_*.ipynb"))
 

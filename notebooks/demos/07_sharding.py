@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -92,61 +93,71 @@ def one_step_held(model, optimizer, state_of=None):
             "optimizer state": nbytes(state_tensors(state_of or optimizer))}
 
 
+# DDP copies each gradient into a flat bucket buffer for its all-reduce. With gradient_as_bucket_view=True
+# the .grad tensors are views of those buffers, so counting the storages behind .grad counts the buckets
+# once; with the default (False) the buffers are a second copy that no .grad points at (see default_ddp_extra).
 def step_ddp(group, ranks, optimizer_cls, kwargs):
-    model = DDP(build(), process_group=group)
+    model = DDP(build(), process_group=group, gradient_as_bucket_view=True)
     return one_step_held(model, optimizer_cls(model.parameters(), **kwargs))
 
 
-def step_zero1(group, ranks, optimizer_cls, kwargs):
+def default_ddp_extra(group):
+    """DDP as constructed by default: the bytes of its bucket buffers, from DDP's own record
+    (_get_ddp_logging_data), beside the bytes behind .grad. Each is the size of the gradients."""
     model = DDP(build(), process_group=group)
+    x, y = batch(0, dist.get_rank())
+    F.mse_loss(model(x), y).backward()
+    buckets = model._get_ddp_logging_data()["bucket_sizes"]  # "b0, b1, ...": bytes per bucket
+    return {"buckets": sum(int(size) for size in str(buckets).split(",")),
+            "gradients": nbytes(p.grad for p in model.parameters())}
+
+
+def step_zero1(group, ranks, optimizer_cls, kwargs):
+    model = DDP(build(), process_group=group, gradient_as_bucket_view=True)
     optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_cls, process_group=group,
                                         **kwargs)
     return one_step_held(model, optimizer, state_of=optimizer.optim)  # .optim: this rank's own optimizer
 
 
 class ZeRO2:
-    """Gradients reduce-scattered, each rank keeps (and steps) one slice of the parameters: written here in a
-    few lines to count what a rank holds; lab 07 builds the real thing. The parameters are views of one flat
-    buffer (as ZeroRedundancyOptimizer's parameters_as_bucket_view), so this rank's slice is no extra copy."""
+    """ZeRO-2, written here to count what a rank holds (lab 07 builds ZeRO-1 and ZeRO-3): each parameter has
+    one owner (lab 07's partition, as in ZeRO-1). As soon as the backward has accumulated a parameter's
+    gradient, a hook reduces it to its owner and every other rank drops it, so no rank ever holds more than
+    its own gradients plus the one being reduced. The owner steps its parameters, then sends them to all.
+    (ZeRO's paper does the same per bucket of parameters; here each parameter is its own bucket.)"""
 
     def __init__(self, model, group, optimizer_cls, kwargs):
         self.group, self.params = group, list(model.parameters())
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.total = sum(p.numel() for p in self.params)
-        self.shard_size = -(-self.total // self.world)  # padded: every rank's slice has the same size
-        self.flat = torch.zeros(self.shard_size * self.world)
-        offset = 0
-        for p in self.params:
-            self.flat[offset:offset + p.numel()] = p.detach().reshape(-1)
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        mine = slice(self.rank * self.shard_size, (self.rank + 1) * self.shard_size)
-        self.shard = nn.Parameter(self.flat[mine])  # a view: the optimizer steps the model's own numbers
-        self.optimizer = optimizer_cls([self.shard], **kwargs)
+        self.owner = solution.partition([p.numel() for p in self.params], self.world)
+        mine = [p for p, owner in zip(self.params, self.owner) if owner == self.rank]
+        self.optimizer = optimizer_cls(mine, **kwargs) if mine else None
+        self.peak_gradient_bytes = 0  # the most bytes of .grad this rank held at once during the backward
+        for p, owner in zip(self.params, self.owner):
+            p.register_post_accumulate_grad_hook(lambda p, owner=owner: self._reduce(p, owner))
 
+    def _reduce(self, p, owner):
+        held = nbytes(q.grad for q in self.params)  # this gradient and the ones kept so far
+        self.peak_gradient_bytes = max(self.peak_gradient_bytes, held)
+        dist.reduce(p.grad, dst=dist.get_global_rank(self.group, owner), group=self.group)
+        if owner == self.rank:
+            p.grad /= self.world  # the sum of every rank's gradient, now the mean
+        else:
+            p.grad = None  # not this rank's to step: dropped at once
+
+    @torch.no_grad()
     def step(self):
-        grads = torch.zeros_like(self.flat)
-        grads[:self.total] = torch.cat([p.grad.reshape(-1) for p in self.params])
-        for p in self.params:
-            p.grad = None  # the full gradient is not kept: only this rank's slice of its mean
-        self.shard.grad = torch.empty(self.shard_size)
-        dist.reduce_scatter_single(self.shard.grad, grads, group=self.group)
-        self.shard.grad /= self.world
-        del grads
-        self.optimizer.step()
-        with torch.no_grad():  # every rank's updated slice to every rank (input and output must not overlap)
-            dist.all_gather_single(self.flat, self.shard.detach().clone(), group=self.group)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        for p, owner in zip(self.params, self.owner):  # each owner's updated parameters to every rank
+            dist.broadcast(p, group_src=owner, group=self.group)
 
 
 def step_zero2(group, ranks, optimizer_cls, kwargs):
     model = build()
     zero = ZeRO2(model, group, optimizer_cls, kwargs)
-    x, y = batch(0, dist.get_rank())
-    F.mse_loss(model(x), y).backward()
-    zero.step()
-    return {"parameters": nbytes([*model.parameters(), zero.shard]),
-            "gradients": nbytes([*(p.grad for p in model.parameters()), zero.shard.grad]),
-            "optimizer state": nbytes(state_tensors(zero.optimizer))}
+    held = one_step_held(model, zero, state_of=zero.optimizer)
+    return held, zero.peak_gradient_bytes
 
 
 def sharded(group, mp_policy=None, seed=0):
@@ -200,6 +211,41 @@ def collective_traffic(group):
             "all_reduce": sent_per_call(lambda: dist.all_reduce(full, group=group), group)}
 
 
+def collective_calls(operation):
+    """The collectives `operation` calls through torch.distributed's Python API, as (name, async_op), watched
+    with sys.setprofile (nothing replaced). A collective that another one calls inside c10d is not counted
+    again; torch's logging wrappers around each collective are looked through."""
+    calls = []
+
+    def caller_module(frame):
+        frame = frame.f_back
+        while frame is not None and frame.f_globals.get("__name__") == "torch.distributed.c10d_logger":
+            frame = frame.f_back
+        return frame.f_globals.get("__name__") if frame is not None else None
+
+    def watch(frame, event, arg):
+        if (event == "call" and frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d"
+                and "async_op" in frame.f_code.co_varnames[:frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount]
+                and caller_module(frame) != "torch.distributed.distributed_c10d"):
+            tensor = frame.f_locals.get("input", frame.f_locals.get("tensor"))
+            calls.append((frame.f_code.co_name, bool(frame.f_locals.get("async_op")),
+                          str(tensor.dtype) if torch.is_tensor(tensor) else None))
+
+    sys.setprofile(watch)
+    try:
+        operation()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def operators_dispatched(operation):
+    """How many ATen operators one call of `operation` dispatches, from torch.profiler's record."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        operation()
+    return sum(event.count for event in profile.key_averages() if event.key.startswith("aten::"))
+
+
 def step_traffic_and_time(group, steps=6):
     """Bytes sent and median time of one training step: DDP, DDP + ZeRO-1, fully_shard and the lab's FSDP
     (6 units each)."""
@@ -226,6 +272,8 @@ def step_traffic_and_time(group, steps=6):
             optimizer.step()
 
         sent = sent_per_call(train_step, group)
+        calls = collective_calls(train_step)
+        operators = operators_dispatched(train_step)
         times = []
         for _ in range(steps):
             dist.barrier(group=group)
@@ -233,7 +281,8 @@ def step_traffic_and_time(group, steps=6):
             train_step()
             dist.barrier(group=group)
             times.append(time.perf_counter() - began)
-        found[name] = {"bytes": sent, "seconds": statistics.median(times)}
+        found[name] = {"bytes": sent, "seconds": statistics.median(times), "operators": operators,
+                       "collectives": len(calls), "async collectives": sum(is_async for _, is_async, _ in calls)}
     return found
 
 
@@ -262,26 +311,32 @@ def fsdp_equals_one_process(group, ranks, steps=3):
     for label, policy in [("fp32", None), ("bf16 compute", MixedPrecisionPolicy(param_dtype=torch.bfloat16))]:
         model = sharded(group, policy)
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+        reduced = set()
         for step in range(steps):
             x, y = batch(step, dist.get_rank())
             optimizer.zero_grad()
-            F.mse_loss(model(x), y).backward()
+            calls = collective_calls(F.mse_loss(model(x), y).backward)
+            reduced |= {dtype for name, _, dtype in calls if "reduce_scatter" in name}
             optimizer.step()
         found[label] = {"max_diff": max_diff(model, train_reference(ranks, steps)),
-                        "shard_dtype": str(local(next(model.parameters())).dtype)}
+                        "shard_dtype": str(local(next(model.parameters())).dtype),
+                        "reduce_scatter_dtypes": sorted(reduced)}
     return found
 
 
 def accumulation(group, ranks, micro=3):
-    """micro-batches with set_requires_gradient_sync(False) but the last: one step, against one process."""
+    """micro-batches with set_requires_gradient_sync(False) but the last: one step, against one process; and
+    the reduce-scatters each micro-batch's backward calls."""
     model = sharded(group)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    scatters = []
     for m in range(micro):
         model.set_requires_gradient_sync(m == micro - 1)
         x, y = batch(m, dist.get_rank())
-        (F.mse_loss(model(x), y) / micro).backward()
+        calls = collective_calls((F.mse_loss(model(x), y) / micro).backward)
+        scatters.append(sum("reduce_scatter" in name for name, _, _ in calls))
     optimizer.step()
-    return max_diff(model, train_reference(ranks, 1, micro))
+    return {"max_diff": max_diff(model, train_reference(ranks, 1, micro)), "reduce-scatters": scatters}
 
 
 def clipping(group, ranks, max_norm=0.05):
@@ -347,13 +402,18 @@ def main():
         dist.destroy_process_group()
         return
     groups = {n: dist.new_group(list(range(n))) for n in range(1, world_size + 1)}
-    memory, traffic, steps, equal, accumulated, clipped, saved = {}, {}, {}, {}, {}, {}, None
+    memory, zero2_peak, ddp_extra, traffic, steps, equal, accumulated, clipped, saved = ({}, {}, {}, {}, {}, {},
+                                                                                        {}, {}, None)
     for n, group in groups.items():
         ranks = list(range(n))
         if rank < n:
             for scheme, run in SCHEMES.items():
                 for optimizer_name, (optimizer_cls, kwargs) in OPTIMIZERS.items():
-                    memory[f"{scheme}|{optimizer_name}|{n}"] = run(group, ranks, optimizer_cls, kwargs)
+                    held = run(group, ranks, optimizer_cls, kwargs)
+                    if scheme == "ZeRO-2":
+                        held, zero2_peak[f"{optimizer_name}|{n}"] = held
+                    memory[f"{scheme}|{optimizer_name}|{n}"] = held
+            ddp_extra[n] = default_ddp_extra(group)
             if n > 1:
                 traffic[n] = collective_traffic(group)
                 steps[n] = step_traffic_and_time(group)
@@ -368,8 +428,8 @@ def main():
     handmade = {"optimizer": solution.sharded_optimizer_cases(groups[world_size], rank, world_size)[0],
                 "fsdp": solution.fsdp_cases(groups[world_size], rank, world_size)}
     params = sum(p.numel() for p in build().parameters())
-    report(parameters=params, handmade=handmade, memory=memory, traffic=traffic, steps=steps, equal=equal,
-           accumulated=accumulated, clipped=clipped, saved=saved)
+    report(parameters=params, handmade=handmade, memory=memory, zero2_peak=zero2_peak, ddp_extra=ddp_extra,
+           traffic=traffic, steps=steps, equal=equal, accumulated=accumulated, clipped=clipped, saved=saved)
     dist.destroy_process_group()
 
 
