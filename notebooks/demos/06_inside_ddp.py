@@ -3,6 +3,7 @@ and what each one costs. One launch on 3 ranks does everything:
 
 1. torch's DDP on 2 ranks: its buckets step by step (one at first, rebuilt after step 1), the order in
    which it launches them, an all-reduce in flight while the backward goes on, and a profiled step;
+   on 3 ranks, how torch's averaging rounds (the scale, then the sum in the bucket's layout);
 2. NaiveDDP, OverlappedDDP (demos/06_handwritten_ddp.py) and BucketedDDP (the lab's SOLUTION, loaded
    from solutions/, never your lab) against torch's DDP, 3 steps, on process groups of 1, 2 and 3 ranks;
 3. step time, all-reduce calls and bytes of the four on two models, on 2 ranks (rank 2 waits);
@@ -44,7 +45,7 @@ solution = load(HERE.parent.parent / "solutions" / "06_ddp_from_the_inside.py", 
 
 # -------------------------------------------------------------------------------------------- config
 BATCH = 64                     # per rank
-TIMED_STEPS = 6                # per variant and model, after 2 warm-up steps (the median is printed)
+TIMED_STEPS = 7                # per variant and model, after 2 warm-up steps; an odd count: the median is one of them
 SWEEP_CAPS_MB = [1 / 1024, 32 / 1024, 128 / 1024, 0.5, None]  # 1 KiB ... None (the default: 25 MiB)
 FIT_SIZES = [4, 1024, 16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20]  # bytes
 # -----------------------------------------------------------------------------------------------------
@@ -97,9 +98,10 @@ def data(width, rank, device, batch=BATCH, seed=0):
             torch.randn(batch, width, generator=generator).to(device))
 
 
-def timed(fn, steps, device, group=None):
-    """Median seconds of fn() over `steps` calls (ranks of `group` start each call together)."""
-    times = []
+def timed(fn, steps, device, group=None, samples=None):
+    """Median seconds of fn() over `steps` calls (ranks of `group` start each call together); every
+    call's seconds are appended to `samples` when given."""
+    times = [] if samples is None else samples
     for _ in range(steps):
         if group is not None:
             dist.barrier(group)
@@ -221,6 +223,7 @@ def names_of(model):
 def bucket_steps(device, group):
     """The buckets torch's DDP all-reduces in each of 3 steps, with each setting, on the 3 x 4 MiB model."""
     settings = {"defaults": {}, "bucket_cap_mb=4": {"bucket_cap_mb": 4}, "bucket_cap_mb=25": {"bucket_cap_mb": 25},
+                "static_graph=True": {"static_graph": True},
                 "find_unused_parameters=True": {"find_unused_parameters": True}}
     x, y = data(1024, dist.get_rank(), device)
     found = {}
@@ -299,6 +302,54 @@ def in_flight(device, group, store):
     return seen
 
 
+def averaging_bits(device, group):
+    """Step 1 of torch's DDP on `group` (3 ranks: 1/3 is not exact), next to three hand-made averages of the
+    same local gradients: does DDP = (gradient x float32(1/N), then gloo's sum of the bucket laid out in
+    registration order)? And does the layout alone, or summing first, change the last bits?"""
+    model, reference = small_layers().to(device), small_layers().to(device)  # the same weights on every rank
+    ddp = nn.parallel.DistributedDataParallel(model, process_group=group)   # step 1: one bucket, registration order
+    x, y = data(64, dist.get_rank(), device)
+    F.mse_loss(ddp(x), y).backward()
+    F.mse_loss(reference(x), y).backward()
+    local = [p.grad for p in reference.parameters()]
+    size = dist.get_world_size(group)
+
+    def summed(tensor):
+        dist.all_reduce(tensor, group=group)
+        return tensor
+
+    flat = torch.cat([g.reshape(-1) for g in local])
+    torch_like = summed(flat * (1 / size))           # what reducer.cpp does: mul_out by 1/div_factor, then sum
+    per_tensor = torch.cat([summed(g.reshape(-1) * (1 / size)) for g in local])  # the same scale, other layout
+    sum_first = summed(flat.clone()) / size          # the hand-written versions: sum, then divide
+    from_ddp = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return {"world_size": size, "elements": flat.numel(),
+            "ddp_equals_scale_then_sum": bool(torch.equal(from_ddp, torch_like)),
+            "differ_other_layout": int((per_tensor != from_ddp).sum()),
+            "differ_sum_then_divide": int((sum_first != from_ddp).sum())}
+
+
+def concurrent_all_reduces(device, group):
+    """One profiled step of OverlappedDDP on the 40 small layers: on how many threads do gloo's all-reduces run,
+    and how many run at the same time? (gloo gives each process group 2 worker threads by default.)"""
+    wrapped = handwritten.OverlappedDDP(small_layers().to(device), process_group=group)
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01)
+    x, y = data(64, dist.get_rank(), device)
+    for _ in range(2):
+        step(wrapped, optimizer, x, y)
+    dist.barrier(group)
+    runs = [(e.time_range.start, e.time_range.end, e.thread) for e in profiled(lambda: step(wrapped, optimizer, x, y), device)
+            if e.name == "gloo:all_reduce"]
+    # the most reductions running at one instant: +1 at each start, -1 at each end (ends first at a tie)
+    edges = sorted([(start, 1) for start, _, _ in runs] + [(end, -1) for _, end, _ in runs])
+    running, most = 0, 0
+    for _, change in edges:
+        running += change
+        most = max(most, running)
+    return {"reductions": len(runs), "threads": len({thread for _, _, thread in runs}), "most_at_once": most,
+            "gloo_threads_option": dist.ProcessGroupGloo._Options()._threads}
+
+
 # ----------------------------------------------------------------------------- 2. equal to torch's DDP
 def equality(groups, rank, device):
     """max |ours - torch's DDP| over the weights after 3 steps, per variant and group size."""
@@ -362,8 +413,10 @@ def measure(rank, device, group):
         optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01)
         for _ in range(2):
             step(wrapped, optimizer, x, y)
-        seconds = timed(lambda: step(wrapped, optimizer, x, y), TIMED_STEPS, device, group)
-        results["sweep"].append({"cap_mb": cap, "buckets": len(wrapped.buckets), "seconds": seconds})
+        samples = []
+        seconds = timed(lambda: step(wrapped, optimizer, x, y), TIMED_STEPS, device, group, samples)
+        results["sweep"].append({"cap_mb": cap, "buckets": len(wrapped.buckets), "seconds": seconds,
+                                 "samples": samples})
     results["fit"] = allreduce_times(device, group)
     return results
 
@@ -409,9 +462,11 @@ def main():
            order=launch_order(device, pair) if rank < 2 else None,
            in_flight=in_flight(device, pair, store) if rank < 2 else None)
     report(ddp=ddp_timeline(device, pair) if rank < 2 else None)
-    report(equal=equality(groups, rank, device), tied_hook_calls=tied_hook_calls(device))
+    report(equal=equality(groups, rank, device), tied_hook_calls=tied_hook_calls(device),
+           averaging_bits=averaging_bits(device, groups[3]))
     dist.barrier()
     report(measured=measure(rank, device, pair) if rank < 2 else None)
+    report(concurrent=concurrent_all_reduces(device, pair) if rank < 2 else None)
     report(fit_three=allreduce_times(device, groups[3]))  # the same sizes on 3 ranks: the model's N
     dist.barrier()  # ranks 1 and 2 wait here while rank 0 runs the one-process baselines
     found, threads = baselines(device) if rank == 0 else (None, None)
