@@ -1,11 +1,12 @@
 """Lab 07: when replicas don't fit. ShardedOptimizer (ZeRO-1) and FSDP (ZeRO-3), built by hand.
 
 Data parallelism keeps a whole replica on every rank: parameters, gradients and optimizer state. Sharding
-keeps 1/N of them per rank and moves the rest through collectives when they are needed:
+keeps about 1/N of them per rank and moves the rest through collectives when they are needed:
 
 - ShardedOptimizer (ZeRO stage 1): every rank still computes every gradient (DDP averages them), but each
   parameter has one owner rank; only the owner keeps its optimizer state and steps it, then sends the new
-  values to the others. Adam's two state tensors per parameter now cost 1/N per rank.
+  values to the others. A rank keeps Adam's two state tensors for the parameters it owns only: about 1/N of
+  them, as whole parameters allow (the harness's model gives one rank 48.6 % of the state on 3 ranks).
 - FSDP (ZeRO stage 3): each direct child of the model (a "unit") keeps its parameters as one flat fp32
   tensor, of which a rank stores only its shard. Right before the unit's forward the ranks all-gather the
   full flat tensor, the unit computes, and the full copy is freed at once; the backward gathers it again,

@@ -9,9 +9,9 @@ Launches are expensive (every rank imports torch), so the rows share them:
   --standalone with that port still taken (the fix), with destroy_process_group(), and --standalone once
   more (1 rank) without the call: the two finishing runs are compared (the process group still open when
   the interpreter shuts down, or not);
-- two runs of one script through the course's launcher: a mismatched collective (a hang, stopped by the
+- three runs of one script through the course's launcher: a mismatched collective (a hang, stopped by the
   launcher's timeout with each rank's stack; the same run shows the OMP_NUM_THREADS the launcher gives each
-  rank) and a rank that dies;
+  rank), a rank that dies, and an all_reduce of different sizes (gloo aborts);
 - no launch at all: USE_LIBUV as torch reads it, torch.distributed.launch's extra --local-rank argument
   (from its parser and torchrun's config), and what torchrun reports for a worker that left no error file (no @record).
 """
@@ -88,6 +88,7 @@ TESTS = {
     "the ranks did not start within 120 s": [
         "tests/test_launcher.py::test_a_start_up_timeout_says_the_ranks_did_not_start"],
     "exited with code 3 without a Python exception": ["test_a_rank_that_dies_is_named"],
+    "Received data size doesn't match expected size": ["test_collective_sizes_that_differ_abort_on_gloo"],
     "training with N ranks is much slower than expected": [
         "test_threads_outside_any_launcher_use_more_than_cores_per_rank",
         "test_torchrun_sets_omp_num_threads_to_1_and_says_so",
@@ -333,6 +334,8 @@ TROUBLE = """
     report(omp=os.environ.get("OMP_NUM_THREADS"), threads=torch.get_num_threads())
     if mode == "crash" and rank == 1:
         os._exit(3)                    # a rank dies without a Python exception (as when it is killed)
+    if mode == "sizes":
+        dist.all_reduce(torch.ones(1000 + rank))  # rank 1's tensor is one element longer
     if mode == "hang" and rank == 1:
         dist.barrier()                 # while rank 0 calls all_reduce: the calls do not match
     elif mode == "hang" and rank == 2:
@@ -396,6 +399,24 @@ def test_a_rank_that_dies_is_named(trouble):
     assert f"`{first[:first.index('lost their peer.') + len('lost their peer.')]}`" in row(
         "exited with code 3 without a Python exception")
     # the fix (every rank makes the same calls and none dies) is the run of test_torchrun_... above
+
+
+def test_collective_sizes_that_differ_abort_on_gloo(trouble):
+    """An all_reduce of 1000 elements on rank 0 and 1001 on rank 1: gloo aborts a rank at once (no timeout)."""
+    start = time.monotonic()
+    result = run(trouble, nproc=2, timeout=60, show="none", env={"TROUBLE": "sizes"})
+    assert time.monotonic() - start < STARTUP_TIMEOUT + 30  # not the 60 s timeout: an abort
+    failure = result.failure
+    assert not result.ok and not result.timed_out and (failure.kind, failure.exitcode) == ("signal", -6), result.message
+    first = re.sub(r"rank \d", "rank R", result.message.splitlines()[0])
+    assert first == "FAILED: rank R was killed by SIGABRT: the other ranks lost their peer.", result.message
+    said = "\n".join(str(lines) for lines in result.output.values())
+    text = row("Received data size doesn't match expected size")
+    for words in ("terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+                  "Received data size doesn't match expected size. Is there a distributed collective mismatch in your code?"):
+        assert words in said, said[:2000]
+        assert words in text
+    assert f"`{first}`" in text
 
 
 def test_threads_outside_any_launcher_use_more_than_cores_per_rank(init_methods, monkeypatch):

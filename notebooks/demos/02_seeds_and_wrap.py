@@ -1,8 +1,9 @@
 """Demo for notebook 02, sections 1-2: seeds decide the initial weights; DDP's constructor checks, then broadcasts.
 
 python -m ddpcourse run notebooks/demos/02_seeds_and_wrap.py --nproc 2
-It wraps models that differ on purpose: in their number of parameters, in a parameter's strides, and (the
-last step) in a parameter's sizes: the run ends with DDP's error.
+It wraps models that differ on purpose: in their number of parameters, in a parameter's strides, in a frozen
+parameter's size (which the check does not see), and (the last step) in a parameter's sizes: the run ends
+with DDP's error.
 Notebook 02 runs it with the notebook's other demos, in one launch: demos/02_all_demos.py.
 """
 import inspect
@@ -103,7 +104,14 @@ if stride_check["error"] is not None:
     # parameters: this rank joins that broadcast (as DDP would have), so that the run can go on.
     dist._broadcast_coalesced(dist.group.WORLD, [p.detach() for p in other_strides.parameters()],
                               250 * 1024 * 1024, 0)
-report(count_check=count_check, stride_check=stride_check)
+
+# 3c. A FROZEN parameter of another size: the check counts and compares trainable parameters only
+#     (DDP._build_params_for_reducer keeps those with requires_grad), so it lets this pass.
+frozen_differs = TinyNet()
+frozen_differs.frozen = torch.nn.Parameter(torch.zeros(3 + rank), requires_grad=False)  # rank 1's is longer
+frozen_check = wrap_logged(frozen_differs)
+print(f"a frozen parameter of {3 + rank} elements: {frozen_check}")
+report(count_check=count_check, stride_check=stride_check, frozen_check=frozen_check)
 
 
 def wrap_mismatched_shapes():

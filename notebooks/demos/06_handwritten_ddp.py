@@ -32,7 +32,7 @@ class _Replicated(nn.Module):
                 dist.broadcast(tensor, group=process_group, group_src=0)
 
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled() and self.require_sync:  # as torch's DDP: rank 0's buffers every step
+        if torch.is_grad_enabled() and self.require_sync:  # THIS forward decides; torch's DDP: the previous one
             with torch.no_grad():
                 for buffer in self.module.buffers():
                     dist.broadcast(buffer, group=self.process_group, group_src=0)

@@ -251,7 +251,7 @@ def step_traffic_and_time(group, steps=6):
     (6 units each)."""
     rank = dist.get_rank()
     found = {}
-    for name in ("DDP", "DDP + ZeRO-1", "fully_shard", "FSDP by hand"):
+    for name in ("DDP", "DDP + ZeroRedundancyOptimizer", "fully_shard", "FSDP by hand"):
         if name == "fully_shard":
             model = sharded(group)
         elif name == "FSDP by hand":
@@ -259,7 +259,7 @@ def step_traffic_and_time(group, steps=6):
         else:
             model = DDP(build(), process_group=group)
         optimizer = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
-                                             process_group=group, lr=LR) if name == "DDP + ZeRO-1"
+                                             process_group=group, lr=LR) if name == "DDP + ZeroRedundancyOptimizer"
                      else torch.optim.SGD(model.parameters(), lr=LR))
 
         def train_step(step=[0]):
