@@ -174,9 +174,12 @@ def _overlap_check(scenario, holds, world):
                         f"an all_reduce: waiting inside the hook (.wait(), get_future(), async_op=False, a barrier) "
                         f"leaves no overlap; keep the work and wait in finish_gradient_synchronization()")
     buckets = len(expected_buckets(scenario["layout"], scenario["cap_mb"]))
-    in_flight = "; an all_reduce still in flight at rank 0's last gradient" if world > 1 else ""
+    if world == 1:  # an all_reduce over one rank has no one to wait for: nothing is there to overlap
+        return Check(f"buckets launched from the backward's hooks ({buckets} buckets, each when its last gradient is "
+                     f"ready; on 1 rank no communication to overlap)", not problems, "\n      ".join(problems))
     return Check(f"communication overlaps the backward ({buckets} buckets, each launched when its last gradient "
-                 f"is ready{in_flight})", not problems, "\n      ".join(problems))
+                 f"is ready; an all_reduce still in flight at rank 0's last gradient)", not problems,
+                 "\n      ".join(problems))
 
 
 def explain_failure(run):
