@@ -37,10 +37,10 @@ def local_measurements(rank):
 
 def global_mean(value, world_size):
     """The mean of `value` over all ranks, returned on every rank. `value` itself is left unchanged."""
-    # TODO 1: every rank adds its value into one total that every rank receives; the mean is that
-    #         total over the number of ranks. The collective overwrites its tensor, and `value` must
+    # TODO 1: the mean is the total of every rank's value over the number of ranks, and every rank
+    #         needs that total: one collective of notebook 00's section 3 gives it. `value` must
     #         stay as it was
-    raise NotImplementedError('TODO 1: every rank adds its value into one total that every rank receives; the mean is that total over the number of ranks. The collective overwrites its tensor, and `value` must stay as it was')
+    raise NotImplementedError("TODO 1: the mean is the total of every rank's value over the number of ranks, and every rank needs that total: one collective of notebook 00's section 3 gives it. `value` must stay as it was")
 
 
 def global_max(value):

@@ -32,9 +32,10 @@ def local_measurements(rank):
 def global_mean(value, world_size):
     """The mean of `value` over all ranks, returned on every rank. `value` itself is left unchanged."""
     ### BEGIN SOLUTION
-    ### HINT 1: every rank adds its value into one total that every rank receives; the mean is that total over
-    ### HINT 1: the number of ranks. The collective overwrites its tensor, and `value` must stay as it was
-    ### HINT 2: value.clone(), dist.all_reduce(tensor, op=dist.ReduceOp.SUM), world_size
+    ### HINT 1: the mean is the total of every rank's value over the number of ranks, and every rank needs
+    ### HINT 1: that total: one collective of notebook 00's section 3 gives it. `value` must stay as it was
+    ### HINT 2: value.clone() (the collective writes its result into the tensor you pass),
+    ### HINT 2: dist.all_reduce(tensor, op=dist.ReduceOp.SUM), world_size
     total = value.clone()
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return total / world_size
