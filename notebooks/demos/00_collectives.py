@@ -3,6 +3,8 @@ ReduceOp.AVG, an asynchronous all_reduce, and the order in which DDP takes the m
 
 python -m ddpcourse run notebooks/demos/00_collectives.py --nproc 3
 """
+import math
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -41,8 +43,10 @@ async_result = {"handle": type(work).__name__, "completed": work.is_completed(),
 # --- with nccl a blocking call returns once the reduction is queued on the GPU stream
 queued_only = None  # stays None on CPU (gloo): there the call returns with the result in t
 if device.type == "cuda":
-    torch.cuda._sleep(200_000_000)  # keep this rank's stream busy for a while (GPU clock cycles)
+    # made before the sleep: copying a CPU value to the GPU waits for the stream, so after the sleep it
+    # would hold the CPU until the sleep was over, and the check below would prove nothing
     t = torch.tensor(start, device=device)
+    torch.cuda._sleep(200_000_000)  # keep this rank's stream busy for a while (GPU clock cycles)
     dist.all_reduce(t)
     queued_only = not torch.cuda.current_stream().query()  # True: returned while the stream still works
     torch.cuda.synchronize()
@@ -56,8 +60,9 @@ t = torch.tensor(8000 * start, dtype=torch.float16, device=device)
 dist.all_reduce(t)  # the other order: sum first ...
 sum_then_divide = (t / world_size).item()  # ... then divide
 
-print(f"AVG -> {averaged:g}; async: {async_result}; DDP fp16 mean grad {ddp_mean_grad:g}, "
-      f"sum then divide {sum_then_divide:g}")
+# the mean's last digits depend on the order in which the ranks' float16 thirds are added: not printed
+print(f"AVG -> {averaged:g}; async: {async_result}; DDP fp16 mean grad "
+      f"{'finite' if math.isfinite(ddp_mean_grad) else 'not finite'}, sum then divide {sum_then_divide:g}")
 report(start=start, broadcast=broadcast, all_reduce=summed, all_gather=gathered, avg=averaged,
        async_result=async_result, backend=dist.get_backend(), queued_only=queued_only,
        ddp_mean_grad=ddp_mean_grad, sum_then_divide=sum_then_divide)
