@@ -9,17 +9,20 @@ of its own, and all three the default group.
      rank on its own block of PER_RANK_BATCH samples; the weights, and for N = 2 the gradients of the
      first step and what a communication hook saw (bytes, calls during backward);
   2. construction: replicas built with different seeds are identical once wrapped (N = 3);
-  3. pitfalls (N = 2): reduction='sum', an unequal last batch (and its exact fix), DistributedSampler's padding;
+  3. pitfalls (N = 2): reduction='sum', an unequal last batch (and its exact fix), DistributedSampler's padding,
+     a per-rank DataLoader(drop_last=True) on unequal shares (steps per rank; run under ddp.join()) against
+     DistributedSampler(drop_last=True);
   4. the order of DDP's averaging without a hook (N = 2): a float16 gradient that a sum would overflow;
   5. timing (N = 2): milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares);
   6. every collective DDP calls in its constructor and in each forward and backward of 3 iterations (N = 2),
-     with the default settings and with find_unused_parameters=True;
+     with the default settings, with find_unused_parameters=True, and for a model with BatchNorm buffers;
   7. buckets (N = 2): how many per step, and how many gradients were still to come when each was all-reduced;
   8. the constructor's checks (N = 2): a rank with more parameters, a rank with a wider layer;
-  9. BatchNorm at a fixed global batch (N = 2), and SyncBatchNorm on CPU tensors;
+  9. BatchNorm at a fixed global batch (N = 2), and SyncBatchNorm on CPU tensors (train mode, then eval mode);
  10. a DataLoader training loop over 2 epochs with DistributedSampler, without and with set_epoch (N = 2).
 Rank 2 takes part in what needs all three ranks (sections 1 and 2) and waits during the rest.
 """
+import contextlib
 import gc
 import os
 import time
@@ -158,6 +161,33 @@ def pitfalls(n=2):
            sampler=sampler)
 
 
+def short_last_batch(samples=14):
+    """14 samples in global batches of 2 x B: rank 0 holds 0..3, 8..11; rank 1 holds 4..7, 12..13 (its last block
+    is short). Steps per rank with a per-rank DataLoader(drop_last=True), run inside ddp.join() (without it, the
+    rank with one step more would wait for a partner in its all-reduce), and with DistributedSampler(drop_last=True)."""
+    mine = [i for start in range(0, samples, 2 * PER_RANK_BATCH) for i in block(start, rank, PER_RANK_BATCH) if i < samples]
+    loaders = {
+        "per_rank": DataLoader(TensorDataset(torch.tensor(mine)), batch_size=PER_RANK_BATCH, drop_last=True),
+        "sampler": DataLoader(TensorDataset(torch.arange(samples)), batch_size=PER_RANK_BATCH, drop_last=True,
+                              sampler=DistributedSampler(range(samples), num_replicas=2, rank=rank, shuffle=False,
+                                                         drop_last=True)),
+    }
+    runs = {}
+    for name, loader in loaders.items():
+        net = DDP(build_model(SEED), process_group=pair)
+        optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+        steps = 0
+        with net.join() if name == "per_rank" else contextlib.nullcontext():  # join: torch's fix for uneven steps
+            for (indices,) in loader:
+                optimizer.zero_grad()
+                F.mse_loss(net(x_all[indices]), y_all[indices]).backward()
+                optimizer.step()
+                steps += 1
+        runs[name] = {"samples": mine if name == "per_rank" else list(loader.sampler), "batches": len(loader),
+                      "steps": steps, "weights": dict(net.module.named_parameters())}
+    report(short_last_batch=runs)
+
+
 # ----------------------------------------------------------------------------- 4. division before the sum (N = 2)
 def division_first():
     # No hook registered: DDP's built-in reducer. Each rank's float16 gradient is 40000; their sum (80000)
@@ -191,9 +221,9 @@ def step_time():
 
 
 # ----------------------------------------------------------------------------- 6. every collective, per phase (N = 2)
-def collectives_per_phase(find_unused):
+def collectives_per_phase(find_unused, batchnorm=False):
     """{phase: [collective, ...]} for DDP's constructor and 3 forward/backward iterations."""
-    net = build_model(SEED)
+    net = build_model(SEED, batchnorm=batchnorm)  # BatchNorm: float32 running stats, an int64 batch count
     if find_unused:
         net.spare = nn.Linear(1, 1)  # never used by forward: the case the flag is made for
     phases = {}
@@ -215,10 +245,11 @@ def bucket_probe(net, find_unused=False, steps=3):
     """Buckets in each step, and for each bucket's all-reduce how many gradients were still to come (None)."""
     wrapper = DDP(net, process_group=pair, find_unused_parameters=find_unused)
     params = [p for name, p in net.named_parameters() if not name.startswith("spare")]  # those the forward uses
+    name_at = {p.data_ptr(): name for name, p in net.named_parameters()}
     launches = []
 
     def probe_hook(state, bucket):
-        launches[-1].append({"bucket": bucket.index(), "parameters": len(bucket.parameters()),
+        launches[-1].append({"bucket": bucket.index(), "parameters": [name_at[p.data_ptr()] for p in bucket.parameters()],
                              "gradients_to_come": sum(p.grad is None for p in params)})
         return default_hooks.allreduce_hook(state, bucket)  # then exactly what DDP does by default
 
@@ -283,7 +314,11 @@ def batchnorm_at_fixed_global_batch():
         sync_error = None
     except ValueError as error:  # raised before any communication
         sync_error = str(error)
-    report(batchnorm_grads={name: p.grad for name, p in net.module.named_parameters()}, syncbn_error=sync_error)
+    sync.eval()  # eval mode syncs nothing: plain batch_norm with the running statistics, CPU tensors too
+    plain = build_model(SEED, batchnorm=True).eval()
+    sync_eval_equal = torch.equal(sync(x_all[first_shard]), plain(x_all[first_shard]))
+    report(batchnorm_grads={name: p.grad for name, p in net.module.named_parameters()}, syncbn_error=sync_error,
+           syncbn_eval_equal=sync_eval_equal)
 
 
 # ----------------------------------------------------------------------------- 10. epochs with DistributedSampler (N = 2)
@@ -313,9 +348,11 @@ def sampler_epochs(samples=16, epochs=2):
 
 if in_pair:
     pitfalls()
+    short_last_batch()
     division_first()
     step_time()
-    report(collectives={"default": collectives_per_phase(False), "find_unused": collectives_per_phase(True)},
+    report(collectives={"default": collectives_per_phase(False), "find_unused": collectives_per_phase(True),
+                        "batchnorm": collectives_per_phase(False, batchnorm=True)},
            pid=os.getpid())  # one process per rank
     report(buckets={"tiny": bucket_probe(build_model(SEED)), "three_layers": bucket_probe(ThreeLayers()),
                     "three_layers_find_unused": bucket_probe(ThreeLayers(spare=True), find_unused=True)})

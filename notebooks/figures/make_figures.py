@@ -102,7 +102,7 @@ def dp_vs_ddp():
     """Notebook 01: who sends what to whom in one step, DataParallel (left) and DDP (right)."""
     parts = [text(215, 24, "DataParallel: 1 process, 1 thread per device", 15, bold=True),
              box(20, 90, 170, 96, "", fill=COLORS[0] + "33", stroke=COLORS[0]),
-             text(105, 112, "cuda:0 = master", 13, bold=True), text(105, 132, "replica 0 + master copy", 11),
+             text(105, 112, "cuda:0 = master", 13, bold=True), text(105, 132, "replica 0 = the master", 11),
              text(105, 150, "loss on the whole batch", 11), text(105, 168, "optimizer.step()", 11)]
     for i, y in enumerate((44, 174)):
         color = COLORS[i + 1]
@@ -127,7 +127,7 @@ def dp_vs_ddp():
         parts.append(text(cx, cy + 10, "model, optimizer,", 11))
         parts.append(text(cx, cy + 25, "its own data", 11))
     parts += [text(680, 158, "ring all-reduce", 12, bold=True), text(680, 174, "of the gradients", 11),
-              text(680, 280, "each rank sends and receives 2(N-1)/N x P per step,", 12),
+              text(680, 280, "on a ring each rank sends and receives 2(N-1)/N x P per step,", 12),
               text(680, 298, "during backward; every rank does the same work", 12)]
     parts.append("<line x1='450' y1='10' x2='450' y2='305' stroke='#bbb' stroke-dasharray='4 4'/>")
     return svg(900, 312, "".join(parts))
