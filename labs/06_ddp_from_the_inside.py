@@ -90,7 +90,9 @@ class BucketedDDP(nn.Module):
         self.works = [None] * len(self.buckets)                  # one work handle per bucket
 
     def forward(self, *args, **kwargs):
-        if torch.is_grad_enabled() and self.require_sync:  # as torch's DDP: rank 0's buffers every step
+        # Rank 0's buffers before each forward run with gradients on, outside no_sync(). torch's DDP decides
+        # from the PREVIOUS forward instead: it skips the broadcast after a no_grad or no_sync forward.
+        if torch.is_grad_enabled() and self.require_sync:
             with torch.no_grad():
                 for buffer in self.synced_buffers:
                     dist.broadcast(buffer, group=self.process_group, group_src=0)
