@@ -9,7 +9,8 @@
 Every rank builds its own copy of the model. If the copies start different (a seed per rank, a custom
 init or a checkpoint loaded on rank 0 only), data-parallel training averages gradients of different
 models. DDP's constructor fixes that by broadcasting rank 0's parameters and buffers; here you write
-that broadcast yourself, for any source rank, then train a DDP model on sharded data.
+that broadcast yourself, for any source rank, then train on sharded data with DDP(model, init_sync=False),
+which skips the constructor's broadcast: the replicas start equal only if yours worked.
 
 Your tasks (notebooks/02_initialization_and_broadcast.ipynb explains both):
   TODO 1  broadcast_module_: src's parameters AND buffers into every rank's tensors, in place
@@ -43,9 +44,8 @@ def broadcast_module_(module, src):
     The tensors stay the same objects (an optimizer built before keeps pointing at them).
     """
     # TODO 1: every rank must end with src's values in the tensors it already holds (the module
-    #         keeps pointing at them): the learned values and the running statistics, with no
-    #         autograd history
-    raise NotImplementedError("TODO 1: every rank must end with src's values in the tensors it already holds (the module keeps pointing at them): the learned values and the running statistics, with no autograd history")
+    #         keeps pointing at them): the learned values and the running statistics
+    raise NotImplementedError("TODO 1: every rank must end with src's values in the tensors it already holds (the module keeps pointing at them): the learned values and the running statistics")
 
 
 def make_loader(dataset, rank, world_size):
@@ -92,7 +92,7 @@ def main():
     broadcast_module_(model, src=0)
     before_ddp = compare_replicas(model)
     print(f"after broadcast_module_, before DDP: {before_ddp}")
-    ddp = DDP(model)
+    ddp = DDP(model, init_sync=False)  # no check, no broadcast: training starts from what broadcast_module_ left
     optimizer = torch.optim.SGD(ddp.parameters(), lr=LR)
     data = make_dataset(seed=SEED)
     dataset = TensorDataset(torch.arange(len(data)), *data.tensors)  # each sample carries its index

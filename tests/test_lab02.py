@@ -1,13 +1,13 @@
 """Lab 02's check against realistic wrong versions of the solution (each names its mistake).
 
-Each mutant combines mistakes that different checks catch, so two launches cover the four mistakes the
-issue lists (parameters only, broadcast_object_list, a fixed source rank, unsharded data) and one more
-(a sampler seeded per rank)."""
+Each mutant combines mistakes that different checks catch, so three launches cover the four mistakes the
+issue lists (parameters only, broadcast_object_list, a fixed source rank, unsharded data) and three more
+(a sampler seeded per rank, an all-reduce instead of a broadcast, an unshuffled sampler)."""
 from helpers import detail, wrong_version
 
 LAB = "02_initialization_and_broadcast.py"
-LOOP = ("        for tensor in list(module.parameters()) + list(module.buffers()):\n"
-        "            dist.broadcast(tensor, src=src)")
+LOOP = ("    for tensor in list(module.parameters()) + list(module.buffers()):\n"
+        "        dist.broadcast(tensor, src=src)")
 SAMPLER = "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)"
 
 
@@ -26,12 +26,13 @@ def test_lab02_parameters_only_fixed_source_rank_and_unsharded_data(report):
     assert not data.passed and "every rank read the same 96 samples" in data.detail
     assert "DistributedSampler" in data.detail
     assert detail(report, "tensor objects").passed  # in place, even if incomplete
-    assert detail(report, "after DDP training").passed  # DDP keeps them in sync: only the data is wrong
+    # part 2 broadcasts from rank 0 a model without buffers: this broadcast is right there
+    assert detail(report, "before DDP").passed and detail(report, "after DDP training").passed
 
 
 @wrong_version(LAB,
-               (LOOP, "        tensors = [t.data for t in list(module.parameters()) + list(module.buffers())]\n"
-                      "        dist.broadcast_object_list(tensors, src=src)"),
+               (LOOP, "    tensors = [t.data for t in list(module.parameters()) + list(module.buffers())]\n"
+                      "    dist.broadcast_object_list(tensors, src=src)"),
                (SAMPLER, SAMPLER.replace("seed=SEED", "seed=SEED + rank")), nproc=2)
 def test_lab02_broadcast_object_list_and_sampler_seeded_per_rank(report):
     values = detail(report, "src's parameters")
@@ -41,4 +42,21 @@ def test_lab02_broadcast_object_list_and_sampler_seeded_per_rank(report):
     assert not before.passed
     data = detail(report, "own shard")
     assert not data.passed and "shards overlap" in data.detail and "same seed" in data.detail
-    assert detail(report, "after DDP training").passed  # DDP's constructor broadcast hid the bad start
+    # DDP(model, init_sync=False) does not repair the start: the replicas train apart
+    after = detail(report, "after DDP training")
+    assert not after.passed and "DDP(model, init_sync=False) broadcast nothing" in after.detail
+    assert not detail(report, "from rank 0's start").passed
+
+
+@wrong_version(LAB,
+               ("dist.broadcast(tensor, src=src)", "dist.all_reduce(tensor)"),
+               (SAMPLER, SAMPLER.replace("shuffle=True", "shuffle=False")), nproc=2)
+def test_lab02_all_reduce_instead_of_broadcast_and_unshuffled_sampler(report):
+    values = detail(report, "src's parameters")
+    assert not values.passed and "not rank 0's start" in values.detail
+    # every rank holds the same sum: identical replicas, trained in sync, but not from rank 0's start
+    assert detail(report, "before DDP").passed and detail(report, "after DDP training").passed
+    trained = detail(report, "from rank 0's start")
+    assert not trained.passed and "must hold rank 0's values unchanged" in trained.detail
+    data = detail(report, "own shard")
+    assert not data.passed and "shuffle=True" in data.detail and "other batches" in data.detail

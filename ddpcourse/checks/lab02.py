@@ -1,17 +1,19 @@
 """Checks for lab 02 (initialization and broadcast): every src's values reach every rank, buffers too, in
-place; the DDP run that follows starts identical, reads disjoint shards and stays in sync.
+place; the DDP run that follows (init_sync=False: only the lab's broadcast makes the start equal) starts
+identical, reads the shards DistributedSampler gives and ends with the data-parallel run's weights.
 
 The expected values are rebuilt here (the lab's differently_started, replayed), not taken from the lab.
 """
 import torch
 import torch.nn as nn
+from torch.utils.data import DistributedSampler
 
 from ddpcourse.checks import RECOMPUTED, ROUNDING, Check, LabCheck, agree
 from ddpcourse.toy import build_model, make_dataset
 
 NPROCS = (1, 2, 3)
 # The lab's config, repeated: the check must not trust the learner's file for what is expected.
-SEED, LR, WARMUP_ROWS = 0, 0.1, 8
+SEED, LR, WARMUP_ROWS, BATCH_SIZE = 0, 0.1, 8, 8
 
 
 def started_state(rank):
@@ -107,10 +109,22 @@ def _training_checks(run, world):
                    "Every rank's DistributedSampler needs the same seed (it splits one shared shuffle).")
     elif sorted(i for s in seen for i in s) != list(range(total)):
         problem = f"the ranks read {sum(map(len, seen))} samples in all, expected each of the {total} once."
-    found.append(Check("each rank reads its own shard: disjoint, together the whole dataset", not problem, problem))
+    else:
+        expected = [list(DistributedSampler(range(total), num_replicas=world, rank=r, shuffle=True, seed=SEED))
+                    for r in range(world)]
+        expected = [[order[i:i + BATCH_SIZE] for i in range(0, len(order), BATCH_SIZE)] for order in expected]
+        off = [r for r in range(world) if batches[r] != expected[r]]
+        if off:
+            problem = (f"ranks {off} read their shard in other batches than DistributedSampler(dataset, "
+                       "num_replicas=world_size, rank=rank, shuffle=True, seed=SEED) with batch_size=BATCH_SIZE "
+                       "gives (shuffled with the shared SEED, BATCH_SIZE samples per batch).")
+    found.append(Check("each rank reads its own shard: disjoint, together the whole dataset, in the sampler's "
+                       "shuffled batches", not problem, problem))
     after = run.values("after_training")
     found.append(Check("replicas identical after DDP training", all(a["identical"] for a in after),
-                       "" if after[0]["identical"] else f"rank 0 reports: {after[0]}"))
+                       "" if after[0]["identical"] else
+                       f"rank 0 reports: {after[0]}. DDP(model, init_sync=False) broadcast nothing: the "
+                       "replicas trained from the start broadcast_module_(model, 0) left them."))
     if len({len(b) for b in batches}) == 1:
         expected = _replay(batches, world)
         trained = run.values("trained")[0]
@@ -118,7 +132,8 @@ def _training_checks(run, world):
         wrong = [n for n in expected if not agree(trained[n], expected[n], ROUNDING)]
         found.append(Check("the trained weights are the data-parallel run's, from rank 0's start", not wrong,
                            f"{wrong} differ from a replay of the same batches (one process, gradients averaged "
-                           "over ranks) starting from rank 0's model" if wrong else ""))
+                           "over ranks) starting from rank 0's model: after broadcast_module_(model, 0) every rank "
+                           "must hold rank 0's values unchanged" if wrong else ""))
     else:
         found.append(Check("the trained weights are the data-parallel run's, from rank 0's start", False,
                            f"the ranks took different numbers of steps: {[len(b) for b in batches]}"))

@@ -2,8 +2,8 @@
 
 python -m ddpcourse run notebooks/demos/02_seeds_and_wrap.py --nproc 2
 It wraps models that differ on purpose: in their number of parameters, in a parameter's strides, in a frozen
-parameter's size (which the check does not see), and (the last step) in a parameter's sizes: the run ends
-with DDP's error.
+parameter's size (which the check does not see, and the broadcast mangles), and (the last step) in a
+parameter's sizes: the run ends with DDP's error. It also wraps with init_sync=False and with an ignored buffer.
 Notebook 02 runs it with the notebook's other demos, in one launch: demos/02_all_demos.py.
 """
 import inspect
@@ -68,11 +68,26 @@ print(f"every rank now holds rank 0's start: {equals_rank0}; same tensor objects
 
 # Where torch does it: the lines of DistributedDataParallel.__init__ that verify and broadcast.
 source = inspect.getsource(DDP.__init__).splitlines()
-where = [line.strip() for line in source if "_verify_param_shape_across_processes(" in line
+where = [line.strip() for line in source if line.strip() == "if init_sync:"
+         or "_verify_param_shape_across_processes(" in line
          or "_sync_module_states(" in line or line.strip().startswith("src=0")]
 print("in DistributedDataParallel.__init__:", *where, sep="\n    ")
 report(before_wrap=before.as_dict(), after_wrap=after.as_dict(), equals_rank0_start=equals_rank0,
-       same_tensor_objects=same_tensors, ddp_init_lines=where)
+       same_tensor_objects=same_tensors, module_is_model=ddp.module is model, ddp_init_lines=where)
+
+# Both sit under `if init_sync:` (default True): DDP(..., init_sync=False) checks and sends nothing.
+unsynced = differently_started(rank)
+with CollectiveLog() as log:
+    DDP(unsynced, init_sync=False)
+init_sync_off = {"collectives": log.names, "identical": compare_replicas(unsynced).identical}
+# Tensors on the wrapper's ignore list (a private torch helper writes it) are left out of the broadcast.
+ignoring = differently_started(rank)
+DDP._set_params_and_buffers_to_ignore_for_model(ignoring, ["norm.running_mean"])
+DDP(ignoring)
+ignored_still_differ = [d["name"] for d in compare_replicas(ignoring).as_dict()["differences"]]
+print(f"DDP(..., init_sync=False): {init_sync_off}; with norm.running_mean ignored, still different: "
+      f"{ignored_still_differ}")
+report(init_sync_off=init_sync_off, ignored_still_differ=ignored_still_differ)
 
 
 # 3. Before it broadcasts, the constructor checks the replicas: which collectives, and what each mismatch raises.
@@ -106,12 +121,21 @@ if stride_check["error"] is not None:
                               250 * 1024 * 1024, 0)
 
 # 3c. A FROZEN parameter of another size: the check counts and compares trainable parameters only
-#     (DDP._build_params_for_reducer keeps those with requires_grad), so it lets this pass.
+#     (DDP._build_params_for_reducer keeps those with requires_grad), so it lets this pass. The broadcast
+#     that follows sends every parameter, frozen ones too, flattened into one bucket in named_parameters()
+#     order (the root module's own `frozen` first): the ranks' buckets differ in length.
 frozen_differs = TinyNet()
-frozen_differs.frozen = torch.nn.Parameter(torch.zeros(3 + rank), requires_grad=False)  # rank 1's is longer
+frozen_differs.frozen = torch.nn.Parameter(torch.full((3 + rank,), 10.0 + rank), requires_grad=False)
 frozen_check = wrap_logged(frozen_differs)
 print(f"a frozen parameter of {3 + rank} elements: {frozen_check}")
-report(count_check=count_check, stride_check=stride_check, frozen_check=frozen_check)
+buckets = [None] * world_size  # each rank's parameters after DDP(...), flattened in the broadcast's order
+dist.all_gather_object(buckets, torch.cat([p.detach().flatten() for p in frozen_differs.parameters()]).tolist())
+frozen_after = {"frozen": frozen_differs.frozen.tolist(),
+                "first_in_bucket": next(frozen_differs.named_parameters())[0],
+                "rank1_starts_with_rank0s_bucket": buckets[1][:len(buckets[0])] == buckets[0],
+                "trainable_identical": buckets[0][3:] == buckets[1][4:]}  # after each rank's frozen elements
+print(f"after it: {frozen_after}")
+report(count_check=count_check, stride_check=stride_check, frozen_check=frozen_check, frozen_after=frozen_after)
 
 
 def wrap_mismatched_shapes():

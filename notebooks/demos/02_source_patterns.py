@@ -39,16 +39,16 @@ def no_seed_then_wrap():
 def shared_seed_to_device_then_wrap():
     """Pattern 2: the same seed everywhere, build, move the model to this rank's device, then wrap.
 
-    What the move is for: DDP's constructor checks the module's device against `device_ids`. It never
-    moves the module itself. Every process holds its own model object whether or not it is moved.
+    What the move is for: DDP never moves the module; `device_ids` only decides where the forward sends
+    the inputs (notebook 02 reads both from torch's source). Every process holds its own model object
+    whether or not it is moved.
     """
     model = build_model(seed=SEED).to(device)
     gpu = device.type == "cuda"
-    wrapped, result = replicas_around_wrap(model, device_ids=[device.index] if gpu else None)
-    result["moved_to"], result["wrapped_on"] = str(device), str(next(wrapped.module.parameters()).device)
+    _, result = replicas_around_wrap(model, device_ids=[device.index] if gpu else None)
     result["gpu_path"] = "run" if gpu else "not run on this machine: needs a CUDA device per rank"
-    # The mistake the move prevents: a module left on the CPU, device_ids naming a GPU. DDP refuses it on
-    # every rank alike, before any collective (so catching it is safe). This part runs on a CPU too.
+    # A module left on the CPU with device_ids: DDP refuses device_ids (and output_device) for any CPU
+    # module, on every rank alike, before any collective (so catching it is safe). This part runs on a CPU.
     try:
         DDP(build_model(seed=SEED), device_ids=[rank])
         result["left_on_cpu_error"] = None

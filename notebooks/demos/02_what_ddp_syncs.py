@@ -1,4 +1,5 @@
-"""Demo for notebook 02, sections 3, 4 and 6: what DDP keeps in sync, what it does not, and a seeding policy.
+"""Demo for notebook 02, sections 3, 4 and 6: what DDP sends after its constructor, what it never syncs, and a
+seeding policy.
 
 python -m ddpcourse run notebooks/demos/02_what_ddp_syncs.py --nproc 2
 """
@@ -8,12 +9,13 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.algorithms.join import Join
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ddpcourse import init_distributed, report
-from ddpcourse.lab import compare_replicas
+from ddpcourse.lab import CollectiveLog, compare_replicas
 from ddpcourse.toy import TinyNet, build_model, make_dataset
 
 # -----------------------------------------------------------------------------
@@ -35,25 +37,43 @@ def gather(value):
     return values
 
 
-def train(ddp, optimizer, steps=STEPS, shift=0.0):
-    """A few SGD steps on rank-specific batches (rank r reads rows r*8...; `shift` moves its inputs)."""
+def train(ddp, optimizer, steps=STEPS, shift=0.0, collectives=None):
+    """A few SGD steps on rank-specific batches (rank r reads rows r*8...; `shift` moves its inputs).
+    Given a list `collectives`, appends the names of the collectives each step launched."""
     for step in range(steps):
         rows = slice((step * world_size + rank) * BATCH_SIZE, (step * world_size + rank + 1) * BATCH_SIZE)
-        loss = nn.functional.mse_loss(ddp(x_all[rows] + shift * rank), y_all[rows])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        with CollectiveLog() as log:
+            loss = nn.functional.mse_loss(ddp(x_all[rows] + shift * rank), y_all[rows])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if collectives is not None:
+            collectives.append(log.names)
 
 
 facts = {}
 
-# 3a. A parameter edited after wrapping: DDP broadcast once, in its constructor, never again.
-ddp = DDP(build_model(seed=SEED))
-if rank == 1:
-    with torch.no_grad():
-        ddp.module.fc2.weight.mul_(2.0)  # say, a custom init applied on one rank after DDP(...)
-train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR))
+# 3a. A parameter edited after wrapping: a plain training loop never sends weights again. Each step's
+# collectives are logged: the gradients' all-reduce, and in step 2 the rebuilt bucket order.
+def edited_after_wrap():
+    ddp = DDP(build_model(seed=SEED))
+    if rank == 1:
+        with torch.no_grad():
+            ddp.module.fc2.weight.mul_(2.0)  # say, a custom init applied on one rank after DDP(...)
+    return ddp
+
+
+ddp, step_collectives = edited_after_wrap(), []
+train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), collectives=step_collectives)
 facts["edit_after_wrap"] = compare_replicas(ddp)
+# Under Join (uneven inputs: rank 1 takes one step more) DDP does send weights: once every rank has joined,
+# it broadcasts the parameters of the last rank to join (_sync_final_model), and the edit spreads.
+ddp = edited_after_wrap()
+with CollectiveLog() as join_log:
+    with Join([ddp]):
+        train(ddp, torch.optim.SGD(ddp.parameters(), lr=LR), steps=STEPS - 1 + rank)
+facts["after_join"] = compare_replicas(ddp)
+join = {"source_rank": int(ddp._authoritative_rank), "last_collectives": join_log.names[-2:]}
 
 # 3b. A plain tensor attribute is not a buffer: neither DDP nor compare_replicas sees it.
 class WithInputMean(nn.Module):
@@ -104,7 +124,8 @@ masks_equal = {"one shared stream": masks[0] == masks[1], "a stream per rank": m
 plain_indices = gather([int(i) for batch in DataLoader(range(len(dataset)), BATCH_SIZE) for i in batch])
 sharded = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)
 sharded_indices = gather(list(sharded))
-report(edit_after_wrap=facts["edit_after_wrap"].as_dict(), plain_attribute=facts["plain_attribute"].as_dict(),
+report(edit_after_wrap=facts["edit_after_wrap"].as_dict(), step_collectives=step_collectives,
+       after_join=facts["after_join"].as_dict(), join=join, plain_attribute=facts["plain_attribute"].as_dict(),
        plain_means=plain_means, buffer_means=buffer_means, optimizer_state=facts["optimizer_state"].as_dict(),
        adam_steps=adam_steps, masks_equal=masks_equal,
        plain_indices=plain_indices, sharded_indices=sharded_indices)
@@ -155,33 +176,44 @@ for forward_sync_buffers in (True, False):
     print(f"forward_sync_buffers={forward_sync_buffers}: after training {after_training}")
     print(f"forward_sync_buffers={forward_sync_buffers}: after an eval forward {after_eval_forward}")
 
-# Which forwards broadcast the buffers: torch 2.13 broadcasts at the start of a forward only when the
-# PREVIOUS forward ran with gradients enabled and outside no_sync() (the flag is set at the end of each forward).
+# Which forwards broadcast the buffers: torch 2.13 broadcasts at the start of a forward when the wrapper's
+# require_forward_param_sync flag is set: True from the constructor, then set at the end of each forward (True
+# if it ran with gradients enabled and outside no_sync()). Eval mode throughout: the forwards change no statistics.
+def drift():
+    if rank == 1:
+        with torch.no_grad():
+            ddp.module.norm.running_mean.add_(1.0)  # rank 1's statistics drift
+
+
 ddp = DDP(build_model(seed=SEED, batchnorm=True))  # default forward_sync_buffers=True
 ddp.eval()
+drift()
+with torch.no_grad(), CollectiveLog() as first_forward_log:
+    ddp(probe)  # the first forward after DDP(...): broadcast, even under no_grad
+first_forward = compare_replicas(ddp).identical
+drift()
 with torch.no_grad():
-    ddp(probe)  # a no_grad forward (evaluation)
-    if rank == 1:
-        ddp.module.norm.running_mean.add_(1.0)  # rank 1's statistics drift
     ddp(probe)  # follows a no_grad forward: no broadcast
 second_no_grad_forward = compare_replicas(ddp).identical
-ddp(probe)  # gradients enabled (eval mode, no backward): no broadcast at its start, the flag is set at its end
+ddp(probe)  # gradients enabled, follows a no_grad forward: no broadcast at its start; its end sets the flag
+grad_forward_after_no_grad = compare_replicas(ddp).identical
 with torch.no_grad():
     ddp(probe)  # follows a forward with gradients: broadcast
 after_forward_with_grad = compare_replicas(ddp).identical
 ddp(probe)  # with gradients: the next forward would broadcast...
 with ddp.no_sync():
     ddp(probe)  # ...and does; but this one runs inside no_sync(), so its end clears the flag
-if rank == 1:
-    ddp.module.norm.running_mean.add_(1.0)
+drift()
 with torch.no_grad():
     ddp(probe)  # follows a forward inside no_sync(): no broadcast
 after_no_sync_forward = compare_replicas(ddp).identical
-which_forwards = {"no_grad forward after a no_grad forward": second_no_grad_forward,
+which_forwards = {"first forward after DDP(...), under no_grad": first_forward,
+                  "no_grad forward after a no_grad forward": second_no_grad_forward,
+                  "forward with gradients after a no_grad forward": grad_forward_after_no_grad,
                   "forward after a forward with gradients": after_forward_with_grad,
                   "forward after a forward inside no_sync()": after_no_sync_forward}
-print(f"buffers identical after: {which_forwards}")
-report(which_forwards_sync=which_forwards)
+print(f"buffers identical after: {which_forwards}; the first forward launched {first_forward_log.names}")
+report(which_forwards_sync=which_forwards, first_forward_collectives=first_forward_log.names)
 
 # The CPU options. (1) keep rank 0's statistics (forward_sync_buffers=True, the default); (2) average them over ranks,
 # with torch's own averaging utility (it takes any tensors, not only parameters):

@@ -157,10 +157,10 @@ def ddp_registration():
 
 def ddp_start_02():
     """Notebook 02: what DistributedDataParallel synchronizes, and when."""
-    parts = [text(370, 22, "what DDP copies from rank 0, and when", 15, bold=True)]
+    parts = [text(370, 22, "what DDP copies from rank 0, and when (default settings)", 15, bold=True)]
     steps = [("DDP(model)", "1. check counts (all-gather), shapes (rank 0's)", "counts: all raise; shapes: that rank"),
              ("DDP(model)", "2. broadcast rank 0's parameters and buffers", "in place: same tensor objects"),
-             ("each forward", "3. broadcast rank 0's buffers (forward_sync_buffers)", "BatchNorm statistics: rank 0's win"),
+             ("a forward", "3. broadcast rank 0's buffers (forward_sync_buffers)", "the first, or after a grad forward"),
              ("each backward", "4. all_reduce the gradients (mean)", "same update: equal parameters stay equal")]
     for i, (when, what, note) in enumerate(steps):
         y = 40 + i * 46
@@ -168,8 +168,8 @@ def ddp_start_02():
         parts.append(arrow(130, y + 17, 158, y + 17))
         parts.append(box(160, y, 330, 34, what, fill=COLORS[i] + "33", stroke=COLORS[i], size=12))
         parts.append(text(500, y + 22, note, 11, anchor="start"))
-    parts.append(text(370, 238, "never copied: edits after DDP(...), plain tensor attributes, optimizer state, "
-                                "RNG streams, the data", 11))
+    parts.append(text(370, 238, "never copied: plain tensor attributes, optimizer state, RNG streams, the data; "
+                                "later edits: only at Join's end", 11))
     return svg(740, 250, "".join(parts))
 
 
