@@ -302,9 +302,9 @@ def test_glossary_link_check_catches_a_link_that_resolves_elsewhere(tmp_path):
 
 
 def test_anchor_check_catches_a_missing_anchor():
-    notebook = planted(NOTEBOOKS[3], lambda s: s.replace("glossary.md#replica", "glossary.md#replicas"))
+    notebook = planted(NOTEBOOKS[3], lambda s: s.replace("glossary.md#barrier", "glossary.md#barriers"))
     assert glossary_anchor_problems(notebook, NOTEBOOKS[3], glossary_anchors()) == [
-        "03_change_a_wrapped_model.ipynb: links ../docs/glossary.md#replicas, but the glossary has no anchor #replicas"]
+        "03_change_a_wrapped_model.ipynb: links ../docs/glossary.md#barriers, but the glossary has no anchor #barriers"]
 
 
 @pytest.mark.parametrize("mistake, edit, expected", [

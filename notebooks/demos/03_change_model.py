@@ -3,18 +3,23 @@
 Every scenario trains a fresh DDP(TinyNet) for a few steps, changes the model, trains again and reports
 what compare_replicas says. Most of them raise no error: that is the point. Where one does (a layer
 missing on one rank, a static graph that changed, two forwards under find_unused_parameters=True), the demo
-catches it and reports it. Also: a re-wrap with init_sync=False, and two forwards before one backward.
+catches it and reports it. Also: a re-wrap with init_sync=False, what find_unused_parameters=True
+costs, two forwards before one backward, and one backward per forward.
 
 python -m ddpcourse run notebooks/demos/03_change_model.py --nproc 2
 """
+import contextlib
 import inspect
+import sys
 from collections import OrderedDict
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile
 
 from ddpcourse import init_distributed, report
 from ddpcourse.lab import compare_replicas
@@ -57,6 +62,14 @@ def differing(model):
 
 def flat(module):
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def counting_allreduce(calls):
+    """A communication hook: torch's default all-reduce of a bucket (DDP's own averaging), each call counted."""
+    def hook(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+    return hook
 
 
 def grow_on_rank0_only():
@@ -160,7 +173,7 @@ def static_graph_then_freeze():
     net = build_model(SEED).to(device)
     model = DDP(net, static_graph=True)
     optimizer = sgd(model.parameters())
-    steps = []
+    steps, message = [], ""
     for number in range(1, 5):
         if number == 3:
             net.fc1.requires_grad_(False)
@@ -168,8 +181,11 @@ def static_graph_then_freeze():
             train(model, optimizer, steps=1)
             steps.append("ok")
         except RuntimeError as error:
-            steps.append(str(error).split(". ")[0] + ".")
-    return {"steps": steps, "differing": differing(model)["names"]}
+            message = str(error)
+            steps.append(message.split(". ")[0] + ".")
+    return {"steps": steps, "differing": differing(model)["names"],
+            "blames_static_graph": "not compatible with static_graph set to True" in message,
+            "names_find_unused_parameters": "find_unused_parameters" in message}
 
 
 def unfreeze_after_wrapping():
@@ -213,6 +229,29 @@ def freeze_with_find_unused():
     return differing(model)
 
 
+def find_unused_costs():
+    """What find_unused_parameters=True costs, on TinyNet with nothing frozen (DDP warns it found nothing unused).
+    In the third step: all-reduces (every one, counted by the profiler) and buckets reduced (counted by a comm
+    hook); whether DDP rebuilt its buckets (the default does so in the second step's forward); and the size
+    limits torch 2.13's constructor gave its first buckets."""
+    results = {}
+    for name, options in (("default settings", {}), ("find_unused_parameters=True", {"find_unused_parameters": True})):
+        model = DDP(build_model(SEED).to(device), **options)
+        limits, _ = model._bucket_config.compute_bucket_size_limits(model.static_graph, model.find_unused_parameters)
+        buckets_reduced = []
+        model.register_comm_hook(None, counting_allreduce(buckets_reduced))
+        optimizer = sgd(model.parameters())
+        train(model, optimizer, steps=2)
+        buckets_reduced.clear()
+        with profile(activities=[ProfilerActivity.CPU]) as third_step:
+            train(model, optimizer, steps=1)
+        results[name] = {"all_reduces": sum(event.name == "c10d::allreduce_" for event in third_step.events()),
+                         "buckets_reduced": len(buckets_reduced),
+                         "buckets_rebuilt": bool(model._get_ddp_logging_data()["has_rebuilt_buckets"]),
+                         "constructor_limits": ["sys.maxsize" if limit == sys.maxsize else limit for limit in limits]}
+    return results
+
+
 def static_graph_with_unused_layer():
     """A layer that is never used (an auxiliary head for a later phase): static_graph=True handles it."""
     net = build_model(SEED).to(device)
@@ -240,8 +279,8 @@ class TwoTasks(nn.Module):
 
 
 def two_forwards_one_backward():
-    """Two forwards (task a, then task b) before one backward of the summed loss, with several settings;
-    the fixes; and one backward per forward. Each variant trains 3 steps from the same start."""
+    """Two forwards (task a, then task b) before one backward of the summed loss, with several settings, and
+    the fixes. Each variant trains 3 steps from the same start."""
     half = len(x_local) // 2
     (x_a, y_a), (x_b, y_b) = (x_local[:half], y_local[:half]), (x_local[half:], y_local[half:])
 
@@ -281,30 +320,64 @@ def two_forwards_one_backward():
     reference = weights["one forward for both batches, find_unused_parameters=True"]
     for name in weights:
         results[name]["max_diff_to_one_forward"] = (weights[name] - reference).abs().max().item()
-
-    # One backward per forward (TinyNet, default settings): the first backward completes DDP's reduction;
-    # the second adds this rank's own gradients on top, averaged with nothing. Then the first inside no_sync().
-    for way in ("two forwards, two backwards", "two forwards, two backwards, the first inside no_sync()"):
-        net = build_model(SEED).to(device)
-        model = DDP(net)
-        if way.endswith("no_sync()"):  # gradient accumulation: forward and backward of a inside no_sync()
-            with model.no_sync():
-                F.mse_loss(model(x_a), y_a).backward()
-            F.mse_loss(model(x_b), y_b).backward()
-        else:                          # both forwards first, then one backward per loss
-            loss_a, loss_b = F.mse_loss(model(x_a), y_a), F.mse_loss(model(x_b), y_b)
-            loss_a.backward()
-            loss_b.backward()
-        differ = []
-        for name, p in net.named_parameters():
-            gathered = [torch.zeros_like(p.grad) for _ in range(world_size)]
-            dist.all_gather(gathered, p.grad)
-            if not all(torch.equal(g, gathered[0]) for g in gathered):
-                differ.append(name)
-        results[way] = {"error": None, "gradients_differ_between_ranks": differ}
     # where the search for unused parameters happens: after each forward, from that forward's outputs
     results["post_forward_searches_its_outputs"] = (
         "self.reducer.prepare_for_backward(list(_find_tensors(output)))" in inspect.getsource(DDP._post_forward))
+    return results
+
+
+def one_backward_per_forward():
+    """TinyNet, default settings, two half-batches a and b, one backward per loss. Varied one at a time: the
+    order (each forward followed by its backward, or both forwards first) and no_sync() around the first pass.
+    Each way's gradients are compared with a and b both averaged, and with a averaged plus this rank's own b;
+    its all-reduces are counted with a comm hook."""
+    half = len(x_local) // 2
+    (x_a, y_a), (x_b, y_b) = (x_local[:half], y_local[:half]), (x_local[half:], y_local[half:])
+
+    def own_gradients(x_part, y_part):  # this rank's gradients of one half-batch, without DDP
+        net = build_model(SEED).to(device)
+        return torch.autograd.grad(F.mse_loss(net(x_part), y_part), list(net.parameters()))
+
+    def averaged(gradients):
+        gradients = [g.clone() for g in gradients]
+        for g in gradients:
+            dist.all_reduce(g)
+            g /= world_size
+        return gradients
+
+    own_a, own_b = own_gradients(x_a, y_a), own_gradients(x_b, y_b)
+    expected = {"a and b averaged": [a + b for a, b in zip(averaged(own_a), averaged(own_b))],
+                "a averaged, b this rank's own": [a + b for a, b in zip(averaged(own_a), own_b)]}
+    results = {}
+    for order in ("forward a, backward a, forward b, backward b", "forward a, forward b, backward a, backward b"):
+        for first_in_no_sync in (False, True):
+            net = build_model(SEED).to(device)
+            model = DDP(net)
+            all_reduces = []
+            model.register_comm_hook(None, counting_allreduce(all_reduces))
+            first = model.no_sync() if first_in_no_sync else contextlib.nullcontext()
+            if order.startswith("forward a, backward a"):  # interleaved; no_sync() around forward a and backward a
+                with first:
+                    F.mse_loss(model(x_a), y_a).backward()
+                F.mse_loss(model(x_b), y_b).backward()
+            else:                                          # both forwards first; no_sync() around forward a
+                with first:
+                    loss_a = F.mse_loss(model(x_a), y_a)
+                loss_b = F.mse_loss(model(x_b), y_b)
+                loss_a.backward()
+                loss_b.backward()
+            gradients = [p.grad for p in net.parameters()]
+            gaps = {name: max((g - e).abs().max().item() for g, e in zip(gradients, wanted))
+                    for name, wanted in expected.items()}
+            differ = []
+            for name, p in net.named_parameters():
+                gathered = [torch.zeros_like(p.grad) for _ in range(world_size)]
+                dist.all_gather(gathered, p.grad)
+                if not all(torch.equal(g, gathered[0]) for g in gathered):
+                    differ.append(name)
+            results[order + (", the first inside no_sync()" if first_in_no_sync else "")] = {
+                "all_reduces": len(all_reduces), "gradients_differ_between_ranks": differ,
+                "matches": [name for name, gap in gaps.items() if gap < 1e-6]}
     return results
 
 
@@ -325,7 +398,8 @@ report(grow_on_rank0_only=grow_on_rank0_only(),
        freeze_with_find_unused=freeze_with_find_unused(),
        static_graph_with_unused_layer=static_graph_with_unused_layer(),
        static_graph_then_freeze=static_graph_then_freeze(),
-       two_forwards_one_backward=two_forwards_one_backward(),
+       find_unused_costs=find_unused_costs(),
+       two_forwards_one_backward=two_forwards_one_backward(), one_backward_per_forward=one_backward_per_forward(),
        documented={option: documented(option) for option in ("find_unused_parameters", "static_graph")},
        static_graph_skips_search="will not search graph in each iteration" in documentation("static_graph"),
        init_sync_warns="the user is required to ensure themselves that the weights are the same on all ranks"

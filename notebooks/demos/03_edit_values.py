@@ -88,13 +88,15 @@ def scenario_broadcast_from_rank0():
                 bias += torch.rand(bias.shape, generator=torch.Generator().manual_seed(1)).to(device)
         with torch.set_grad_enabled(sent == "the parameter"):
             dist.broadcast(bias.data if sent == "its .data" else bias, src=0)  # every rank calls it
-        same_object = model.module.fc2.bias is bias and bias.data_ptr() == memory  # nothing was replaced
+        same_object = model.module.fc2.bias is bias  # the model still holds this Parameter
+        same_memory = bias.data_ptr() == memory       # and its values are where they were
         with warnings.catch_warnings(record=True) as caught:  # what the next backward passes say
             warnings.simplefilter("always")
             train(model, optimizer)
         autograd_warnings = sorted({str(w.message).split(": ")[0] for w in caught
                                     if "autograd kernel was not registered" in str(w.message)})
-        results[sent] = {**summary(model), "same_object": same_object, "autograd_warnings": autograd_warnings}
+        results[sent] = {**summary(model), "same_object": same_object, "same_memory": same_memory,
+                         "autograd_warnings": autograd_warnings}
     return results
 
 
@@ -117,9 +119,11 @@ def scenario_average_local_edits():
                 # rebound to a slice of that flat buffer (new memory, the same Parameter object)
                 average_parameters(iter([bias]), None)
         moved = (model.module.fc2.bias - start).item()  # the mean of the ranks' edits
-        same_memory = model.module.fc2.bias is bias and bias.data_ptr() == memory
+        same_object = model.module.fc2.bias is bias
+        same_memory = bias.data_ptr() == memory
         train(model, optimizer)
-        results[how] = {**summary(model), "moved": round(moved, 6), "same_memory": same_memory}
+        results[how] = {**summary(model), "moved": round(moved, 6), "same_object": same_object,
+                        "same_memory": same_memory}
     return results
 
 
@@ -136,6 +140,7 @@ def buffers_follow_rank0():
         with torch.no_grad():
             running_mean += EDIT  # an edit on rank 1 only
     before = summary(model)
+    edited = running_mean.abs().max().item()  # this rank's own value: 0.5 on rank 1, 0 on rank 0
     model.eval()  # eval: the forward uses running stats and does not update them
     model(x_local)
     after = summary(model)
@@ -164,7 +169,8 @@ def buffers_follow_rank0():
         with model.no_sync() if inside_no_sync else contextlib.nullcontext():
             F.mse_loss(model(x_local), y_local).backward()
         synced_no_sync.append(compare_replicas(model).identical)
-    return {"before_forward": before, "after_forward": after, "running_mean_max": cleared,
+    return {"before_forward": before, "after_forward": after,
+            "running_mean_max_before": edited, "running_mean_max": cleared,
             "armed_by_constructor": armed_by_constructor,
             "no_grad_forwards_synced": synced, "no_grad_flags_before": flags,
             "no_sync_forwards_synced": synced_no_sync, "no_sync_flags_before": flags_no_sync}
@@ -199,14 +205,25 @@ def buffers_in_training():
 
 
 def buffer_option_names():
-    """torch 2.13 renamed broadcast_buffers to forward_sync_buffers: the old name still works, with a warning."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old_name = DDP(build_model(SEED, batchnorm=True).to(device), broadcast_buffers=True)
-    warned = [w.category.__name__ for w in caught if "`broadcast_buffers` is deprecated" in str(w.message)]
-    new_name = DDP(build_model(SEED, batchnorm=True).to(device))
-    return {"default_forward_sync_buffers": new_name.forward_sync_buffers, "old_name_warns": warned,
-            "old_name_sets": old_name.forward_sync_buffers}
+    """torch 2.13 renamed broadcast_buffers to forward_sync_buffers; the old name still works, with a warning.
+
+    Each name set to False, on a model whose running_mean rank 1 edited BEFORE wrapping: is the forward's
+    broadcast off, and did the constructor send rank 0's buffers?"""
+    default = DDP(build_model(SEED, batchnorm=True).to(device))
+    results = {"default_forward_sync_buffers": default.forward_sync_buffers}
+    for option in ("broadcast_buffers", "forward_sync_buffers"):
+        net = build_model(SEED, batchnorm=True).to(device)
+        if rank == 1:
+            with torch.no_grad():
+                net.norm.running_mean += EDIT
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = DDP(net, **{option: False})
+        results[f"{option}=False"] = {
+            "warns": [w.category.__name__ for w in caught if "is deprecated" in str(w.message)],
+            "forward_sync_buffers": model.forward_sync_buffers,
+            "constructor_synced_buffers": compare_replicas(model).identical}
+    return results
 
 
 results = {
