@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.distributed.algorithms.model_averaging.utils as model_averaging_utils
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
@@ -126,16 +125,21 @@ print(f"max |by hand - PeriodicModelAverager| over all steps: {max(vs_library):.
 print(f"PeriodicModelAverager(period={AVERAGE_EVERY}) without warmup averaged after steps {default_averaged_at}")
 
 library_replicas = compare_replicas(library)  # the library averaged parameters only
-try:  # the filter it applies before averaging: parameters that have a gradient
-    model_averaging_utils.get_params_to_average(library.buffers())
-    buffers_error = ""
-except NotImplementedError as error:  # buffers are plain tensors, not nn.Parameter
-    buffers_error = f"NotImplementedError: {error}"
+# Buffers handed to an averager: it filters its input (parameters that have a gradient) only on the calls
+# where it averages, so the calls before pass silently and the first averaging call raises.
+buffers_averager = PeriodicModelAverager(period=AVERAGE_EVERY, warmup_steps=AVERAGE_EVERY - 1)
+buffers_calls = []
+for call in range(1, AVERAGE_EVERY + 1):
+    try:
+        buffers_averager.average_parameters(library.buffers())
+        buffers_calls.append("returned")
+    except NotImplementedError as error:  # buffers are plain tensors, not nn.Parameter
+        buffers_calls.append(f"NotImplementedError: {error}")
 print(f"after PeriodicModelAverager: {library_replicas}")
-print(f"passing buffers to it: {buffers_error}")
+print(f"giving it model.buffers(), calls 1 to {AVERAGE_EVERY}: {buffers_calls}")
 report(drift_before=drift_before, drift_after=drift_after, vs_library=vs_library,
        default_averaged_at=default_averaged_at, library_replicas=library_replicas.as_dict(),
-       buffers_error=buffers_error)
+       buffers_calls=buffers_calls)
 
 # Averaging the weights after every step (k = 1) vs DDP (gradient averaging), for three optimizers.
 # SGD's update, momentum and weight decay included, is linear in the gradients: the mean of the ranks'

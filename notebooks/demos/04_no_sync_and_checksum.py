@@ -1,6 +1,7 @@
 """Demo for notebook 04: when DDP all-reduces during backward (the first and the second step, tiny and default
-buckets); gradient accumulation with no_sync() (right, off by one, unscaled loss, synced every time; its
-all-reduces counted); a checksum all-reduce that names a diverging rank, and what it costs for three model
+buckets), and which collectives its forward launches; gradient accumulation with no_sync() (right, off by
+one, unscaled loss, synced every time; its all-reduces counted), and which of the forward and the backward
+no_sync() has to cover; a checksum all-reduce that names a diverging rank, and what it costs for three model
 sizes.
 
 python -m ddpcourse run notebooks/demos/04_no_sync_and_checksum.py --nproc 2
@@ -15,7 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpcourse import init_distributed, report
-from ddpcourse.lab import compare_replicas
+from ddpcourse.lab import CollectiveLog, compare_replicas
 from ddpcourse.toy import build_model, make_dataset
 
 # -------------------------------------------------------------------------------------------- config
@@ -63,8 +64,10 @@ def logging_allreduce(events):
 
 def backward_events(**ddp_options):
     """The order of 'gradient ready' and 'bucket all-reduce starts' in the first and the second backward of a
-    DDP model: ([first step's events, second step's], whether every step was as expected)."""
-    events, steps, quiet_and_complete = [], [], True
+    DDP model: [first step's events, second step's], the c10d collectives each step's forward launched (every
+    collective, DDP's C++ ones included, as CollectiveLog sees them), and whether each backward returned with
+    the same gradients on every rank."""
+    events, steps, forward_collectives, backward_complete = [], [], [], []
     ddp = DDP(build_model(seed=0), **ddp_options)
     for name, param in ddp.module.named_parameters():
         param.register_post_accumulate_grad_hook(lambda p, name=name: events.append(f"grad {name}"))
@@ -72,26 +75,28 @@ def backward_events(**ddp_options):
     x, y = micro_batch(0)
     for _ in range(2):  # the constructor made one bucket; the second forward rebuilds them in arrival order
         events.clear()
-        loss = F.mse_loss(ddp(x), y)
-        forward_events = list(events)  # a forward starts no gradient all-reduce
+        with CollectiveLog() as forward_log:
+            loss = F.mse_loss(ddp(x), y)
+        forward_collectives.append(forward_log.names)
         loss.backward()
         steps.append(list(events))
         # backward returned only once every all-reduce was done: the gradients are the same on every rank
-        quiet_and_complete = quiet_and_complete and forward_events == [] and grad_spread(ddp.module) == 0.0
+        backward_complete.append(grad_spread(ddp.module) == 0.0)
     del ddp
-    return steps, quiet_and_complete
+    return steps, forward_collectives, backward_complete
 
 
 # bucket_cap_mb=1e-6 (about one byte): once rebuilt, every parameter has a bucket of its own, so the order shows
-(tiny_first, tiny_events), tiny_identical = backward_events(bucket_cap_mb=1e-6)
+(tiny_first, tiny_events), tiny_forwards, tiny_complete = backward_events(bucket_cap_mb=1e-6)
 # as shipped: bucket_cap_mb=25, and a first bucket of dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) when rebuilt
-(default_first, default_events), default_identical = backward_events()
+(default_first, default_events), default_forwards, default_complete = backward_events()
 print("first backward, bucket_cap_mb=1e-6:", ", ".join(tiny_first))
 print("second backward, bucket_cap_mb=1e-6 (one bucket per parameter):", ", ".join(tiny_events))
 print("second backward, default buckets:", ", ".join(default_events))
 report(backward_events=tiny_events, default_backward_events=default_events,
        first_backward_events={"bucket_cap_mb=1e-6": tiny_first, "default": default_first},
-       forward_quiet_backward_complete=[tiny_identical, default_identical],
+       forward_collectives={"bucket_cap_mb=1e-6": tiny_forwards, "default": default_forwards},
+       backward_complete=tiny_complete + default_complete,
        first_bucket_bytes=dist._DEFAULT_FIRST_BUCKET_BYTES,
        tiny_net_bytes=sum(p.numel() * p.element_size() for p in build_model(seed=0).parameters()))
 
@@ -139,6 +144,32 @@ def accumulate(sync_last, scale_loss, sync_every=False):
     return measured
 
 
+# What no_sync() has to cover: DDP's forward decides whether the backward after it all-reduces (it prepares
+# the reducer only when require_backward_grad_sync is set, the flag no_sync() clears). One micro-batch, with
+# the forward and the backward on different sides of the context manager.
+def split_no_sync(forward_inside):
+    model = DDP(build_model(seed=0))
+    calls = []
+    model.register_comm_hook(None, counting_allreduce(calls))
+    x, y = micro_batch(0)
+    if forward_inside:
+        with model.no_sync():
+            loss = F.mse_loss(model(x), y)
+        loss.backward()
+    else:
+        loss = F.mse_loss(model(x), y)
+        with model.no_sync():
+            loss.backward()
+    return {"all_reduces": len(calls), "grad_spread": grad_spread(model)}
+
+
+no_sync_split = {"forward inside, backward outside": split_no_sync(forward_inside=True),
+                 "forward outside, backward inside": split_no_sync(forward_inside=False)}
+for name, m in no_sync_split.items():
+    print(f"no_sync() around one pass only, {name}: all-reduces {m['all_reduces']}, "
+          f"grad spread {round(m['grad_spread'], 4)}")
+report(no_sync_split=no_sync_split)
+
 variants = {"right": accumulate(sync_last=True, scale_loss=True),
             "all in no_sync": accumulate(sync_last=False, scale_loss=True),
             "loss not scaled": accumulate(sync_last=True, scale_loss=False),
@@ -182,7 +213,7 @@ for step in range(1, TRAIN_STEPS + 1):
     x, y = micro_batch(0, step)
     F.mse_loss(model(x), y).backward()
     optimizer.step()
-    if step == BREAK_AT_STEP and rank == 1:  # e.g. a non-deterministic kernel, a stale checkpoint reload
+    if step == BREAK_AT_STEP and rank == 1:  # a write outside forward and backward: a stale reload, a bit flip
         with torch.no_grad():
             model.module.fc1.weight[0, 0] += 1e-4
     if step % CHECK_EVERY == 0:
@@ -218,8 +249,10 @@ for hidden in CHECK_HIDDEN_SIZES:
         sized_optimizer.step()
 
     value = local_checksum(sized)
+    with CollectiveLog() as check_log:  # what the check sends, as the dispatcher sees it
+        gather_checksums(value)
     check_cost.append({"hidden": hidden, "parameters": sum(p.numel() for p in sized.parameters()),
-                       "message_numbers": gather_checksums(value).numel(),
+                       "check_collectives": check_log.calls,
                        "sum_ms": median_ms(lambda: local_checksum(sized)),
                        "all_reduce_ms": median_ms(lambda: gather_checksums(value)),
                        "step_ms": median_ms(one_step, repeats=STEP_REPEATS)})
