@@ -15,6 +15,7 @@ world sizes 1, 2 and 3 (ranks outside a group wait at the next barrier).
     python -m ddpcourse run notebooks/demos/07_sharding.py --nproc 3 -- --checkpoint DIR --load
 """
 import argparse
+import hashlib
 import importlib.util
 import os
 import statistics
@@ -27,6 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -101,15 +103,26 @@ def step_ddp(group, ranks, optimizer_cls, kwargs):
     return one_step_held(model, optimizer_cls(model.parameters(), **kwargs))
 
 
-def default_ddp_extra(group):
-    """DDP as constructed by default: the bytes of its bucket buffers, from DDP's own record
-    (_get_ddp_logging_data), beside the bytes behind .grad. Each is the size of the gradients."""
-    model = DDP(build(), process_group=group)
-    x, y = batch(0, dist.get_rank())
-    F.mse_loss(model(x), y).backward()
-    buckets = model._get_ddp_logging_data()["bucket_sizes"]  # "b0, b1, ...": bytes per bucket
-    return {"buckets": sum(int(size) for size in str(buckets).split(",")),
-            "gradients": nbytes(p.grad for p in model.parameters())}
+def ddp_bucket_copies(group):
+    """The bytes of DDP's bucket buffers that no .grad shares, for DDP as built by default and with
+    gradient_as_bucket_view=True: a comm hook sees each bucket's flat buffer (then all-reduces it as DDP's
+    default hook does); a buffer whose storage is behind no .grad is a second copy of those gradients."""
+    found = {}
+    for label, as_view in (("default", False), ("gradient_as_bucket_view=True", True)):
+        model = DDP(build(), process_group=group, gradient_as_bucket_view=as_view)
+        buffers = []
+
+        def recording_allreduce(seen, bucket):
+            seen.append(bucket.buffer())
+            return default_hooks.allreduce_hook(group, bucket)
+
+        model.register_comm_hook(buffers, recording_allreduce)
+        x, y = batch(0, dist.get_rank())
+        F.mse_loss(model(x), y).backward()
+        behind_grads = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+        found[label] = sum(b.untyped_storage().nbytes() for b in buffers
+                           if b.untyped_storage().data_ptr() not in behind_grads)
+    return found
 
 
 def step_zero1(group, ranks, optimizer_cls, kwargs):
@@ -240,10 +253,13 @@ def collective_calls(operation):
 
 
 def operators_dispatched(operation):
-    """How many ATen operators one call of `operation` dispatches, from torch.profiler's record."""
+    """How many ATen operators one call of `operation` dispatches, and how many of them are copies
+    (aten::copy_), from torch.profiler's record."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         operation()
-    return sum(event.count for event in profile.key_averages() if event.key.startswith("aten::"))
+    events = profile.key_averages()
+    return {"operators": sum(event.count for event in events if event.key.startswith("aten::")),
+            "copies": sum(event.count for event in events if event.key == "aten::copy_")}
 
 
 def step_traffic_and_time(group, steps=6):
@@ -281,7 +297,7 @@ def step_traffic_and_time(group, steps=6):
             train_step()
             dist.barrier(group=group)
             times.append(time.perf_counter() - began)
-        found[name] = {"bytes": sent, "seconds": statistics.median(times), "operators": operators,
+        found[name] = {"bytes": sent, "seconds": statistics.median(times), **operators,
                        "collectives": len(calls), "async collectives": sum(is_async for _, is_async, _ in calls)}
     return found
 
@@ -339,7 +355,7 @@ def accumulation(group, ranks, micro=3):
     return {"max_diff": max_diff(model, train_reference(ranks, 1, micro)), "reduce-scatters": scatters}
 
 
-def clipping(group, ranks, max_norm=0.05):
+def clipping(group, ranks, max_norm=0.01):  # below every rank's shard norm: each rank clips
     """clip_grad_norm_ on DTensor shards computes the global norm; each rank clipping its own shard's norm
     scales each shard differently. Both against one process clipping the whole gradient."""
     reference = build()
@@ -374,9 +390,8 @@ def save_checkpoint(group, path):
         F.mse_loss(model(x), y).backward()
         optimizer.step()
     dcp.save({"model": model.state_dict()}, checkpoint_id=path, process_group=group)
-    reference = train_reference(range(dist.get_world_size(group)), 2)
     return {"saved_by": dist.get_world_size(group), "files": sorted(os.listdir(path)),
-            "local_rows": local(model[0].weight).shape[0], "max_diff": max_diff(model, reference)}
+            "local_rows": local(model[0].weight).shape[0], "digest": full_digest(model)}
 
 
 def load_checkpoint(path):
@@ -386,9 +401,17 @@ def load_checkpoint(path):
     state = {"model": model.state_dict()}
     dcp.load(state, checkpoint_id=path)
     model.load_state_dict(state["model"])
-    reference = train_reference(range(2), 2)
     return {"loaded_by": dist.get_world_size(), "local_rows": local(model[0].weight).shape[0],
-            "max_diff": max_diff(model, reference)}
+            "digest": full_digest(model)}
+
+
+def full_digest(model):
+    """SHA-256 of every whole tensor of the model's state_dict, in order: equal digests, equal bits."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor  # a collective: every rank
+        digest.update(name.encode() + whole.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def main():
@@ -413,7 +436,7 @@ def main():
                     if scheme == "ZeRO-2":
                         held, zero2_peak[f"{optimizer_name}|{n}"] = held
                     memory[f"{scheme}|{optimizer_name}|{n}"] = held
-            ddp_extra[n] = default_ddp_extra(group)
+            ddp_extra[n] = ddp_bucket_copies(group)
             if n > 1:
                 traffic[n] = collective_traffic(group)
                 steps[n] = step_traffic_and_time(group)
