@@ -14,11 +14,13 @@ Run:       python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 -- --c
 Crash it:  python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 --max-restarts 1 \
                -- --checkpoint-dir /tmp/ckpt2 --fail-at-step 7
 Check:     python -m ddpcourse check labs/05_resilient_trainer.py
+Plain torchrun with --max-restarts: --standalone or --rdzv-backend c10d, and export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+first, or the restarted ranks can read the dead attempt's addresses from the store torchrun keeps and fail to
+connect (notebook 05, section 7).
 """
 import argparse
 import hashlib
 import os
-import tempfile
 
 import torch
 import torch.distributed as dist
@@ -99,12 +101,13 @@ def file_digest(path):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--checkpoint-dir", default=None, help="default: a new temporary folder")
+    # No default: a folder picked by each process would differ between ranks and between restarts.
+    parser.add_argument("--checkpoint-dir", required=True, help="where the checkpoint lives (created if missing)")
     parser.add_argument("--fail-at-step", type=int, default=-1,
                         help="a crash to recover from: on the first attempt the last rank dies after this step")
     options = parser.parse_args()
-    checkpoint_dir = options.checkpoint_dir or tempfile.mkdtemp(prefix="lab05-")
-    path = os.path.join(checkpoint_dir, "checkpoint.pt")
+    os.makedirs(options.checkpoint_dir, exist_ok=True)  # rank 0's first save needs it; exist_ok: every rank may try
+    path = os.path.join(options.checkpoint_dir, "checkpoint.pt")
 
     rank, world_size, device = init_distributed()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -1,7 +1,7 @@
 """Checks for lab 05 (a trainer that survives a crash): each world size runs the lab undisturbed and,
-from 2 ranks on, once more with its last rank killed mid-training under torchrun --max-restarts 1 (on 2
-ranks the crash comes at an epoch boundary, on 3 mid-epoch: resuming must handle both; one rank adds no
-case of its own, so its crash is not staged).
+from 2 ranks on, once more with its last rank killed mid-epoch under torchrun --max-restarts 1 (the last
+checkpoint, step 6, is an epoch boundary on 2 ranks and mid-epoch on 3: resuming must handle both; one rank
+adds no case of its own, so its crash is not staged).
 
 Both runs watch the checkpoint folder (ddpcourse.checks.write_observer): which ranks wrote into it and how
 (opened for writing, os.fsync, os.replace); the lab reports what each rank found there once save_checkpoint
@@ -17,7 +17,7 @@ WRITE_DELAY_S = 0.25  # per checkpoint write (6 of them) in the uninterrupted ru
 CHECKPOINT = "checkpoint.pt"  # the lab's file name in its --checkpoint-dir (set in main, outside the TODOs)
 
 NPROCS = (1, 2, 3)
-FAIL_AT_STEP = 7  # mid-epoch for 3 ranks, at an epoch boundary for 2: resuming must handle both
+FAIL_AT_STEP = 7  # mid-epoch on 2 and 3 ranks; the resume from step 6 starts an epoch on 2, not on 3
 CRASH_FROM_NPROC = 2
 OBSERVER = "ddpcourse.checks.write_observer:observe"  # every rank calls it before the lab runs
 

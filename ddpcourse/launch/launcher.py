@@ -117,6 +117,7 @@ def build_env(world_size, spec_path, extra=None):
         RUN_SPEC_ENV: str(spec_path),
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": threads_per_rank(world_size, env),
+        # Not what the ranks see: torchrun's agent sets their MASTER_ADDR to rank 0's --local-addr (build_command).
         "MASTER_ADDR": "127.0.0.1",
         "GLOO_SOCKET_IFNAME": _loopback_interface(),
         # With the rendezvous store shared (torch's default), ranks restarted by --max-restarts can read

@@ -22,6 +22,7 @@ said = {"local_rank_variable": local_rank, "arguments": sys.argv[1:], "attempt":
         "agent_listening": sorted([c.laddr.ip, c.laddr.port] for c in psutil.Process(os.getppid()).net_connections("tcp")
                                   if c.status == psutil.CONN_LISTEN),
         "master_port": int(os.environ["MASTER_PORT"]),
+        "master_addr": os.environ["MASTER_ADDR"],  # the agent's choice, whatever MASTER_ADDR the agent itself had
         "use_agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE")}
 sys.stdout.write(json.dumps(said) + "\n")  # one write: the workers share the launcher's stdout
 sys.stdout.flush()

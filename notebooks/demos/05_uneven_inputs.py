@@ -1,7 +1,8 @@
 """Demo for notebook 05: ranks with different numbers of batches, with and without Join.
 
 Rank 0 has 2 batches, rank 1 has 3. One launch trains three times:
-1. inside Join (quietly: it reports its steps and whether the replicas agree);
+1. inside Join (quietly: it reports its steps, whether the replicas agree, and how far the weights are from
+   one process replaying the same steps with the third gradient halved, and with it whole);
 2. without Join, while rank 0, done, waits in its next collective (the replicas' comparison): rank 1's third
    backward waits too, until its group's timeout (2 s here; 30 minutes by default for gloo) raises;
 3. without Join, and rank 0, done, exits: rank 1's third backward raises at once, the connection to rank 0
@@ -55,12 +56,35 @@ def first_sentence(error):
     return re.sub(r"\s*\[[^\]]*\](:\d+)?", "", error.splitlines()[0]).split(". ")[0]
 
 
-# 1. With Join: a rank that ran out of data shadows the others' all-reduces with zeros.
+def replay(third_step_scale):
+    """One process redoing part 1's 3 steps. Both ranks train on the same slices of the data, so for the first
+    two steps DDP's mean gradient is the batch's own; at the third, rank 0 has joined and sends zeros, and DDP
+    still divides by the world size (2): rank 1's gradient times 0.5."""
+    replica = build_model(0)
+    optimizer = torch.optim.SGD(replica.parameters(), lr=0.1)
+    for step in range(3):
+        x, y = data.tensors[0][step * 4:(step + 1) * 4], data.tensors[1][step * 4:(step + 1) * 4]
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(replica(x), y).backward()
+        if step == 2:
+            for parameter in replica.parameters():
+                parameter.grad *= third_step_scale
+        optimizer.step()
+    return replica
+
+
+def farthest(a, b):
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+# 1. With Join: a rank that ran out of data shadows DDP's own collectives (zeros for the gradient all-reduce)
+#    until every rank is done; at the end Join broadcasts the last rank's weights to all.
 model = DDP(build_model(0))
 with Join([model]):
     train(model, say=(print if JOIN_ONLY else lambda text: None))
 replicas = compare_replicas(model)
-report(joined_steps=batches, joined_identical=replicas.identical)
+report(joined_steps=batches, joined_identical=replicas.identical,
+       joined_vs_halved=farthest(model.module, replay(0.5)), joined_vs_whole=farthest(model.module, replay(1.0)))
 if JOIN_ONLY:
     print(f"with Join: finished {batches} steps; {replicas}")
     dist.destroy_process_group()
