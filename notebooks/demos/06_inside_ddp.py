@@ -48,6 +48,7 @@ BATCH = 64                     # per rank
 TIMED_STEPS = 7                # per variant and model, after 2 warm-up steps; an odd count: the median is one of them
 SWEEP_CAPS_MB = [1 / 1024, 32 / 1024, 128 / 1024, 0.5, None]  # 1 KiB ... None (the default: 25 MiB)
 FIT_SIZES = [4, 1024, 16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20, 16 * 2**20]  # bytes
+LAST_BUCKET_CAP = "DDP_SET_LAST_BUCKET_CAP"  # an environment variable torch's Reducer reads at the rebuild
 # -----------------------------------------------------------------------------------------------------
 
 
@@ -224,19 +225,30 @@ def bucket_steps(device, group):
     """The buckets torch's DDP all-reduces in each of 3 steps, with each setting, on the 3 x 4 MiB model."""
     settings = {"defaults": {}, "bucket_cap_mb=4": {"bucket_cap_mb": 4}, "bucket_cap_mb=25": {"bucket_cap_mb": 25},
                 "static_graph=True": {"static_graph": True},
-                "find_unused_parameters=True": {"find_unused_parameters": True}}
+                "find_unused_parameters=True": {"find_unused_parameters": True},
+                LAST_BUCKET_CAP + "=1": {}}
     x, y = data(1024, dist.get_rank(), device)
     found = {}
-    for label, options in settings.items():
-        model = large_layers().to(device)
-        ddp = nn.parallel.DistributedDataParallel(model, process_group=group, **options)
-        log = BucketLog(ddp, group, names_of(model))
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        steps = []
-        for _ in range(3):
-            step(ddp, optimizer, x, y)
-            steps.append([[e[2], e[3]] for e in log.take() if e[0] == "launch"])
-        found[label] = steps
+    # torch's Reducer reads DDP_SET_LAST_BUCKET_CAP each time it rebuilds its buckets (Reducer::rebuild_buckets):
+    # set on the last setting only, and unset for the others whatever the environment of the launch held
+    inherited = os.environ.pop(LAST_BUCKET_CAP, None)
+    try:
+        for label, options in settings.items():
+            if label == LAST_BUCKET_CAP + "=1":
+                os.environ[LAST_BUCKET_CAP] = "1"
+            model = large_layers().to(device)
+            ddp = nn.parallel.DistributedDataParallel(model, process_group=group, **options)
+            log = BucketLog(ddp, group, names_of(model))
+            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            steps = []
+            for _ in range(3):
+                step(ddp, optimizer, x, y)
+                steps.append([[e[2], e[3]] for e in log.take() if e[0] == "launch"])
+            found[label] = steps
+    finally:
+        os.environ.pop(LAST_BUCKET_CAP, None)
+        if inherited is not None:
+            os.environ[LAST_BUCKET_CAP] = inherited
     return found
 
 
@@ -347,7 +359,9 @@ def concurrent_all_reduces(device, group):
         running += change
         most = max(most, running)
     return {"reductions": len(runs), "threads": len({thread for _, _, thread in runs}), "most_at_once": most,
-            "gloo_threads_option": dist.ProcessGroupGloo._Options()._threads}
+            # the group's own options: torch's constructor gives it 2 threads per gloo device
+            "gloo_threads_option": group._get_backend(device).options._threads,
+            "gloo_devices": len(group._get_backend(device).options._devices)}
 
 
 # ----------------------------------------------------------------------------- 2. equal to torch's DDP
