@@ -123,7 +123,8 @@ class BucketedDDP(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Backward passes inside accumulate gradients locally; the next one outside averages the total."""
+        """Backward passes inside accumulate gradients locally; the next one outside averages the total. Here the
+        backward decides; torch's DDP decides in the forward (notebook 04), so put both inside, as for torch."""
         self.require_sync = False
         try:
             yield
@@ -310,7 +311,8 @@ def bucket_layouts(group):
 
 
 def accumulate_against_large_batch(rank, world_size, log, group):
-    """MICRO_BATCHES backward passes (all but the last in no_sync()), one step; vs one step on all the data."""
+    """MICRO_BATCHES forward and backward passes (all but the last in no_sync()), one step; vs one step on all
+    the data."""
     model = build(rank, batchnorm=False)
     ours = BucketedDDP(model, bucket_cap_mb=MANY_BUCKETS_MB, process_group=group)
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
