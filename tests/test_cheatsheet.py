@@ -274,9 +274,8 @@ def test_the_cheatsheet_says_what_broadcast_buffers_means():
     assert "start of a forward | broadcasts rank 0's buffers (BatchNorm running stats) to every rank" in ddp
     assert ("that broadcast is `forward_sync_buffers=True` (the default), skipped in a forward right after one "
             "under `no_sync()` or `torch.no_grad()`; each rank's batch then updates its own copy") in ddp
-    assert ("`forward_sync_buffers` is new in torch 2.13 and replaces `broadcast_buffers` (same meaning; "
-            "deprecated in 2.13, with a FutureWarning)") in ddp
-    assert "`broadcast_buffers=False` also leaves buffers out of `DDP(model)`'s broadcast, unlike the new one" in ddp
+    assert ("`forward_sync_buffers` is new in torch 2.13 and replaces the deprecated `broadcast_buffers`, whose "
+            "`False` also keeps buffers out of `DDP(model)`'s broadcast") in ddp
     # torch's own words for the two options
     doc = " ".join(DistributedDataParallel.__doc__.split())
     assert ("broadcast_buffers (bool or None): Flag that enables syncing (broadcasting) buffers of the module at "
