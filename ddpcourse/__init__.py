@@ -2,8 +2,8 @@
 
 Notebook side: ``run_lab``, ``check_lab``, ``hint``, ``doctor``, ``predict``, ``setup_notebook`` (the
 first code cell of every notebook), ``show_code`` (a demo's function or class, printed before its run).
-Importing ddpcourse and ``run_lab`` never import torch (every rank of a launch already pays for that); the checks of labs 01
-and 02 and the doctor do, to compute their expected values.
+Importing ddpcourse and ``run_lab`` never import torch (every rank of a launch already pays for that); the
+checks of labs 01 and 02 and the doctor do, to compute their expected values.
 Lab side (imports torch when first used): ``init_distributed``, ``report``, ``compare_replicas``.
 Each helper's module docstring names the notebook that introduces it.
 """
