@@ -140,11 +140,13 @@ def compare_replicas(model, atol=0.0):
 class CollectiveLog(TorchDispatchMode):
     """The c10d collectives this rank launches while active, DDP's and FSDP's own C++ calls included: every
     collective goes through the dispatcher, whoever calls it. ``calls``: [name, bytes of its largest tensor]
-    (the full flat tensor of an all-gather or a reduce-scatter); ``names``: the names ("broadcast_", ...)."""
+    (the full flat tensor of an all-gather or a reduce-scatter); ``names``: the names ("broadcast_", ...);
+    ``launches``: each call's name, whether it was started with async_op=True, and its largest tensor's dtype."""
 
     def __init__(self):
         super().__init__()
         self.calls = []
+        self.launches = []
 
     @property
     def names(self):
@@ -153,6 +155,12 @@ class CollectiveLog(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket._qualified_op_name
         if name.startswith("c10d::"):
-            sizes = [t.nbytes for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            self.calls.append([name[len("c10d::"):], max(sizes, default=0)])
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            largest = max(tensors, key=lambda t: t.nbytes, default=None)
+            self.calls.append([name[len("c10d::"):], largest.nbytes if largest is not None else 0])
+            schema = func._schema.arguments  # the op's own defaults, then what this call passed
+            given = {a.name: a.default_value for a in schema if a.has_default_value()}
+            given.update(zip((a.name for a in schema), args), **(kwargs or {}))
+            self.launches.append({"name": name[len("c10d::"):], "async_op": bool(given.get("async_op")),
+                                  "dtype": str(largest.dtype) if largest is not None else None})
         return func(*args, **(kwargs or {}))

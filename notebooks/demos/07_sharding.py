@@ -19,7 +19,6 @@ import hashlib
 import importlib.util
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpcourse import init_distributed, report
+from ddpcourse.lab import CollectiveLog
 
 # The lab's solution, loaded explicitly by path: a demo never runs the learner's unfinished lab.
 _spec = importlib.util.spec_from_file_location(
@@ -225,31 +225,11 @@ def collective_traffic(group):
 
 
 def collective_calls(operation):
-    """The collectives `operation` calls through torch.distributed's Python API, as (name, async_op), watched
-    with sys.setprofile (nothing replaced). A collective that another one calls inside c10d is not counted
-    again; torch's logging wrappers around each collective are looked through."""
-    calls = []
-
-    def caller_module(frame):
-        frame = frame.f_back
-        while frame is not None and frame.f_globals.get("__name__") == "torch.distributed.c10d_logger":
-            frame = frame.f_back
-        return frame.f_globals.get("__name__") if frame is not None else None
-
-    def watch(frame, event, arg):
-        if (event == "call" and frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d"
-                and "async_op" in frame.f_code.co_varnames[:frame.f_code.co_argcount + frame.f_code.co_kwonlyargcount]
-                and caller_module(frame) != "torch.distributed.distributed_c10d"):
-            tensor = frame.f_locals.get("input", frame.f_locals.get("tensor"))
-            calls.append((frame.f_code.co_name, bool(frame.f_locals.get("async_op")),
-                          str(tensor.dtype) if torch.is_tensor(tensor) else None))
-
-    sys.setprofile(watch)
-    try:
+    """The collectives `operation` launches, as ddpcourse.lab.CollectiveLog sees them at the dispatcher:
+    [{"name", "async_op", "dtype"}, ...]."""
+    with CollectiveLog() as log:
         operation()
-    finally:
-        sys.setprofile(None)
-    return calls
+    return log.launches
 
 
 def operators_dispatched(operation):
@@ -298,7 +278,7 @@ def step_traffic_and_time(group, steps=6):
             dist.barrier(group=group)
             times.append(time.perf_counter() - began)
         found[name] = {"bytes": sent, "seconds": statistics.median(times), **operators,
-                       "collectives": len(calls), "async collectives": sum(is_async for _, is_async, _ in calls)}
+                       "collectives": len(calls), "async collectives": sum(call["async_op"] for call in calls)}
     return found
 
 
@@ -332,7 +312,7 @@ def fsdp_equals_one_process(group, ranks, steps=3):
             x, y = batch(step, dist.get_rank())
             optimizer.zero_grad()
             calls = collective_calls(F.mse_loss(model(x), y).backward)
-            reduced |= {dtype for name, _, dtype in calls if "reduce_scatter" in name}
+            reduced |= {call["dtype"] for call in calls if "reduce_scatter" in call["name"]}
             optimizer.step()
         found[label] = {"max_diff": max_diff(model, train_reference(ranks, steps)),
                         "shard_dtype": str(local(next(model.parameters())).dtype),
@@ -350,7 +330,7 @@ def accumulation(group, ranks, micro=3):
         model.set_requires_gradient_sync(m == micro - 1)
         x, y = batch(m, dist.get_rank())
         calls = collective_calls((F.mse_loss(model(x), y) / micro).backward)
-        scatters.append(sum("reduce_scatter" in name for name, _, _ in calls))
+        scatters.append(sum("reduce_scatter" in call["name"] for call in calls))
     optimizer.step()
     return {"max_diff": max_diff(model, train_reference(ranks, 1, micro)), "reduce-scatters": scatters}
 
