@@ -12,6 +12,12 @@ os.environ["DDPCOURSE_LAB_SOURCE"] = "solutions"
 collect_ignore = ["clean"]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-runs", action="store_true",
+                     help="launch the recorded lab checks live and write tests/recorded_runs/ afresh "
+                          "(tests/recorded_runs.py)")
+
+
 def pytest_collection_modifyitems(items):
     """The files that launch the most first: pytest-xdist (--dist loadfile) deals whole files out in this
     order, so the long ones start at once and the quick unit tests fill the gaps at the end."""

@@ -1,17 +1,43 @@
 """Fixtures of the lab-check tests.
 
 A test that judges a wrong version of a solution declares it with ``@helpers.wrong_version(...)`` and takes
-``report``: the CheckReport of that version, checked in the test itself. The suite runs its files in
-parallel with pytest-xdist (pyproject.toml), which is where its speed comes from.
+``report``: the CheckReport of that version, checked in the test itself. The launches behind it are replayed
+from tests/recorded_runs/ (tests/recorded_runs.py says why and when a recording is stale); ``--record-runs``
+launches them live and records them afresh. The suite runs its files in parallel with pytest-xdist
+(pyproject.toml).
 """
 import pytest
 
+from ddpcourse import checks
 from ddpcourse.checks import check_lab
 from helpers import mutant
+from recorded_runs import Recording, recording, replaying
 
 
 @pytest.fixture
-def report(request, tmp_path):
+def recorded_check(request, monkeypatch):
+    """check_lab(path, nproc) judged from this test's recording (live, and recorded, with --record-runs)."""
+    def judge(path, nproc=None, suffix=""):
+        name = request.node.name + suffix
+        found = Recording(request.node.path, name, path.read_text(), path.name, nproc)
+        if request.config.getoption("--record-runs"):
+            monkeypatch.setattr(checks, "launch", recording(checks.launch, found.results))
+            result = check_lab(path, nproc=nproc, quiet=True)
+            found.save()
+            return result
+        results, problem = found.load()
+        if problem:
+            pytest.fail(problem, pytrace=False)
+        replay = replaying(results)
+        monkeypatch.setattr(checks, "launch", replay)
+        result = check_lab(path, nproc=nproc, quiet=True)
+        assert not replay.pending, "the check launched less often than recorded: record afresh"
+        return result
+    return judge
+
+
+@pytest.fixture
+def report(request, tmp_path, recorded_check):
     """The CheckReport of this test's wrong version (see helpers.wrong_version)."""
     solution_name, edits, nproc = request.function.wrong_version
-    return check_lab(mutant(tmp_path, solution_name, *edits), nproc=nproc, quiet=True)
+    return recorded_check(mutant(tmp_path, solution_name, *edits), nproc=nproc)

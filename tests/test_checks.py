@@ -41,9 +41,10 @@ def test_every_solution_has_a_notebook_check_cell():
 
 
 @pytest.mark.parametrize("solution, nproc", LEFT_TO_THIS_FILE, ids=lambda v: getattr(v, "name", str(v)))
-def test_solution_passes_where_no_notebook_checks_it(solution, nproc):
-    """Each solution passes its check at every world size: here for the sizes no notebook cell judges."""
-    report = check_lab(solution, nproc=nproc, quiet=True)
+def test_solution_passes_where_no_notebook_checks_it(solution, nproc, recorded_check):
+    """Each solution passes its check at every world size: here for the sizes no notebook cell judges (from
+    a recorded run, stale when the solution changes: tests/recorded_runs.py)."""
+    report = recorded_check(solution, nproc=nproc)
     assert report.passed, "\n".join(map(str, report.failures))
 
 
@@ -162,3 +163,17 @@ def test_a_lab_whose_harness_settings_changed_fails_with_them_named():
     assert changed_settings(run, {"steps": 2}) == []
     [check] = changed_settings(run, {"steps": 3})
     assert not check.passed and "the lab reports {'steps': 2}, expected {'steps': 3}" in check.detail
+
+
+def test_every_recorded_run_belongs_to_a_test_that_replays_it():
+    """tests/recorded_runs/<file>/<test>.json.gz: a recording whose test was renamed or removed is dead weight."""
+    import importlib
+
+    from recorded_runs import RECORDINGS
+
+    files = sorted(RECORDINGS.glob("*/*.json.gz"))
+    assert files
+    for path in files:
+        module = importlib.import_module(path.parent.name)
+        test_name = path.name.removesuffix(".json.gz").split("[")[0]
+        assert hasattr(module, test_name), f"{path.relative_to(COURSE_ROOT)}: no test {test_name} in {module.__name__}"
