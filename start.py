@@ -31,6 +31,7 @@ STAMP = os.path.join(VENV, "ddpcourse-setup.json")  # what was installed, so a s
 MIN_PYTHON = (3, 10)
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 INDEX_ENV = "DDPCOURSE_TORCH_INDEX_URL"
+PIP_OWN_INDEX = "pip"  # DDPCOURSE_TORCH_INDEX_URL=pip: no index argument, pip's own configuration decides
 NEEDS_GB = {"cpu": 3, "pypi": 3, "cuda": 10}  # a venv of 1.3 GB (CPU torch) plus pip's downloads and cache
 FIRST_NOTEBOOK = "clean/00_start_here.ipynb"
 NETWORK_ERRORS = ("Failed to establish a new connection", "Temporary failure in name resolution",
@@ -98,7 +99,8 @@ def torch_source(system, machine, wsl=False, rosetta=False, cuda=False, environ=
                          "WSL2." % system)
     if cuda:
         return "cuda", None  # PyPI's Linux torch is the CUDA build
-    return "cpu", environ.get(INDEX_ENV) or CPU_INDEX
+    chosen = environ.get(INDEX_ENV) or CPU_INDEX
+    return "cpu", None if chosen == PIP_OWN_INDEX else chosen
 
 
 def this_torch_source(cuda=False):

@@ -67,6 +67,14 @@ def test_an_environment_variable_replaces_the_cpu_index():
     assert start.torch_source("Linux", "x86_64", environ=custom) == ("cpu", "https://mirror.example/simple")
 
 
+def test_pip_as_the_index_leaves_the_choice_to_pips_own_configuration():
+    # what CI sets: its machine reaches packages only through pip's configuration; the build check after the
+    # install still refuses a CUDA torch there
+    assert start.torch_source("Linux", "x86_64", environ={start.INDEX_ENV: "pip"}) == ("cpu", None)
+    ci = (COURSE_ROOT / ".ci" / "run").read_text()
+    assert "DDPCOURSE_TORCH_INDEX_URL=pip\n" in ci and "://" not in ci
+
+
 @pytest.mark.parametrize("system, machine, rosetta, cuda, says", [
     ("Windows", "AMD64", False, False, "`wsl --install`"),
     ("Darwin", "x86_64", False, False, "an Intel Mac cannot run the course"),
@@ -286,3 +294,16 @@ def test_the_readme_quick_start_runs_under(shell, fresh_copy):
                                                        "test_each_supported_system_gets_its_torch"))
     assert tests.returncode == 0 and "5 passed" in tests.stdout, tests.stdout + tests.stderr
     assert str(fresh_copy) in tests.stdout  # rootdir: the copy's tests ran, not this checkout's
+
+
+def test_the_repository_names_no_package_index_but_pytorchs_cpu_index():
+    # learners get PyTorch's CPU index (README); machines with their own pip configuration say "pip"
+    tracked = subprocess.run(["git", "ls-files"], cwd=COURSE_ROOT, capture_output=True, text=True).stdout.split()
+    hosts = re.compile(r"https?://([\w.-]+)/(?:simple|whl)\b|https?://(pypi\.org|[\w.-]*pythonhosted\.org)")
+    named = {}
+    for name in tracked:
+        path = COURSE_ROOT / name
+        if path.suffix in (".py", ".md", ".txt", ".toml", ".yml", ".json", ".cfg", ".sh", "") and path.is_file():
+            for found in hosts.finditer(path.read_text(errors="replace")):
+                named.setdefault(found.group(1) or found.group(2), set()).add(name)
+    assert {host for host in named if not host.endswith(".example")} == {"download.pytorch.org"}, named

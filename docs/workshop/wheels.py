@@ -112,7 +112,9 @@ def build(folder, torch_index, torch_from):
                 for wheel in Path(torch_from).glob("torch-*.whl"):
                     shutil.copy(wheel, folder)
             elif target.name.startswith("linux"):
-                done = pip("download", torch, "--no-deps", "--index-url", torch_index, *options, "-d", str(folder))
+                # "pip" (as start.py takes it): no index argument, pip's own configuration decides
+                index = [] if torch_index == "pip" else ["--index-url", torch_index]
+                done = pip("download", torch, "--no-deps", *index, *options, "-d", str(folder))
                 if done.returncode:
                     failures.append(f"{target.name} Python {python}: torch: {last_line(done)}")
             else:  # macOS: PyPI's torch is the CPU one
