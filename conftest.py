@@ -5,8 +5,20 @@ docs/instructors.md), so their outputs are the committed ones. Set here, before 
 kernels inherit the environment. A learner's run uses labs/ (tests/test_learner_path.py).
 """
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 os.environ["DDPCOURSE_LAB_SOURCE"] = "solutions"
+
+# The notebooks' check cells judge the solutions from recorded launches (tests/recorded_runs.py): an IPython
+# startup file, in an IPYTHONDIR of this test session's own, installs that in every kernel the suite starts.
+_TESTS = Path(__file__).parent / "tests"
+_IPYTHONDIR = Path(tempfile.mkdtemp(prefix="ddpcourse-tests-ipython-"))
+(_IPYTHONDIR / "profile_default" / "startup").mkdir(parents=True)
+(_IPYTHONDIR / "profile_default" / "startup" / "00-recorded-checks.py").write_text(
+    (_TESTS / "kernel_startup.py").read_text().replace("__TESTS__", repr(str(_TESTS))))
+os.environ["IPYTHONDIR"] = str(_IPYTHONDIR)
 
 # clean/ holds the learners' copies: no outputs to compare, and a learner's saved run must not become a test.
 collect_ignore = ["clean"]
@@ -18,16 +30,24 @@ def pytest_addoption(parser):
                           "(tests/recorded_runs.py)")
 
 
+def pytest_configure(config):
+    if config.getoption("--record-runs"):
+        os.environ["DDPCOURSE_TESTS_RECORD_RUNS"] = "1"  # the kernels record their check cells too
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_IPYTHONDIR, ignore_errors=True)
+
+
+# The longest files first (seconds on 2 cores, 2026-11-27): pytest-xdist (--dist loadfile) deals whole files
+# out in this order, so the long ones start at once and the quick unit tests fill the gaps at the end.
+LONGEST_FIRST = ["test_start.py", "05_launching_and_scaling_out.ipynb", "07_sharded_data_parallel.ipynb",
+                 "test_launcher.py", "test_troubleshooting.py", "00_start_here.ipynb", "06_ddp_from_the_inside.ipynb",
+                 "04_sync_without_backward.ipynb", "test_learner_path.py", "01_dataparallel_vs_ddp.ipynb",
+                 "02_initialization_and_broadcast.ipynb", "03_change_a_wrapped_model.ipynb", "test_progress.py",
+                 "test_replicas.py", "test_docs.py", "test_cheatsheet.py"]
+
+
 def pytest_collection_modifyitems(items):
-    """The files that launch the most first: pytest-xdist (--dist loadfile) deals whole files out in this
-    order, so the long ones start at once and the quick unit tests fill the gaps at the end."""
-    def weight(item):
-        name = item.path.name
-        if item.path.suffix == ".ipynb":
-            return 0
-        if name.startswith("test_lab") or name in ("test_learner_path.py", "test_checks.py"):
-            return 1
-        if name in ("test_launcher.py", "test_troubleshooting.py", "test_replicas.py", "test_progress.py"):
-            return 2
-        return 3
-    items.sort(key=weight)  # stable: each file keeps its own order
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order

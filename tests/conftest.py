@@ -11,7 +11,7 @@ import pytest
 from ddpcourse import checks
 from ddpcourse.checks import check_lab
 from helpers import mutant
-from recorded_runs import Recording, recording, replaying
+from recorded_runs import RECORDINGS, Recording, recording, replaying
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def recorded_check(request, monkeypatch):
     """check_lab(path, nproc) judged from this test's recording (live, and recorded, with --record-runs)."""
     def judge(path, nproc=None, suffix=""):
         name = request.node.name + suffix
-        found = Recording(request.node.path, name, path.read_text(), path.name, nproc)
+        found = Recording(RECORDINGS / request.node.path.stem, name, path.read_text(), path.name, nproc)
         if request.config.getoption("--record-runs"):
             monkeypatch.setattr(checks, "launch", recording(checks.launch, found.results))
             result = check_lab(path, nproc=nproc, quiet=True)

@@ -314,3 +314,23 @@ def test_a_kernel_from_another_copy_of_the_course_is_named(tmp_path, monkeypatch
     setup_notebook()
     warning = capsys.readouterr().out
     assert warning.startswith("WARNING: this kernel's ddpcourse is the course in") and str(tmp_path) in warning
+
+
+def test_every_check_cell_judges_from_a_fresh_recording(monkeypatch):
+    """The check cells replay recorded launches (tests/recorded_runs.py, installed in the suite's kernels by
+    conftest.py). A cell without a fresh recording would still run, live: this test makes that visible."""
+    from ddpcourse.paths import resolve_lab
+    from recorded_runs import NOTEBOOK_CHECKS, notebook_recording
+
+    monkeypatch.chdir(COURSE_ROOT / "notebooks")  # where the kernels run: "../solutions/05_..." resolves
+    calls = {(match.group(1), int(match.group(2)) if match.group(2) else None)
+             for notebook in NOTEBOOKS for cell in code_cells(read(notebook))
+             for match in re.finditer(r'check_lab\("([^"]+)"(?:, nproc=(\d+))?\)', cell.source)}
+    assert len(calls) >= len(NOTEBOOKS)  # every notebook checks its lab
+    used = set()
+    for lab, nproc in sorted(calls, key=str):
+        found = notebook_recording(resolve_lab(lab), nproc)  # DDPCOURSE_LAB_SOURCE=solutions: conftest.py
+        results, problem = found.load()
+        assert not problem, problem
+        used.add(found.path)
+    assert set(NOTEBOOK_CHECKS.glob("*.json.gz")) == used  # and none left over from a cell that is gone
