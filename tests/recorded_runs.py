@@ -81,19 +81,20 @@ class Recording:
 
     def load(self):
         """The recorded RunResults, or a failure message when there is none or it is stale."""
+        shown = self.path.relative_to(RECORDINGS.parent.parent)  # this checkout's (a copy's kernel may read it)
         if not self.path.exists():
-            return None, f"no recording {self.path.relative_to(COURSE_ROOT)}: record it with `{RERECORD}`"
+            return None, f"no recording {shown}: record it with `{RERECORD}`"
         stored = json.loads(gzip.decompress(self.path.read_bytes()))
         if stored["key"] != self.key:
-            return None, (f"{self.path.relative_to(COURSE_ROOT)} is stale: the program, its check's runs, the "
+            return None, (f"{shown} is stale: the program, its check's runs, the "
                           f"course code the ranks run, torch or Python changed since it was recorded. Record "
                           f"afresh with `{RERECORD}`")
         return [_from_json(r) for r in stored["launches"]], ""
 
     def save(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps({"key": self.key, "launches": [_to_json(r) for r in self.results]}, sort_keys=True,
-                          separators=(",", ":"))
+        # keys in the order the ranks reported them: a check lists its findings in that order
+        text = json.dumps({"key": self.key, "launches": [_to_json(r) for r in self.results]}, separators=(",", ":"))
         # mtime=0: the same recording gives the same bytes, so git sees no change where nothing changed
         self.path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
 
