@@ -21,8 +21,10 @@ minute, rounded up per notebook (a careful pace for technical prose read on a sc
 Sections are told apart by their headings. A **claims section** is one whose heading speaks of claims,
 verdicts or what the sources say (e.g. "## 6. Claims from the sources, tested", "### Every claim of the
 source (000), decided", "## 8. What the sources say about launching, tested"), down to the next heading of
-its level or above: the tables that decide a source's statements with a run. The workshop leaves them for
-after the workshop, so the table shows their words apart and the in-room reading without them.
+its level or above: the tables that decide a source's statements with a run. An **appendix** (a heading
+that starts with "Appendix") counts the same way: detail kept for whoever wants it, after the lab. The
+workshop leaves both for after the workshop, so the table shows their words apart and the in-room reading
+without them.
 """
 import ast
 import json
@@ -34,7 +36,7 @@ from pathlib import Path
 COURSE_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = COURSE_ROOT / "notebooks"
 WORDS_PER_MINUTE = 200
-CLAIMS_HEADING = re.compile(r"claim|verdict|\bsources?\s+says?\b", re.IGNORECASE)
+CLAIMS_HEADING = re.compile(r"claim|verdict|\bsources?\s+says?\b|^(?:\d+\.\s*)?appendix\b", re.IGNORECASE)
 HEADING = re.compile(r"^(#{1,6})\s+(.*)")
 WORD = re.compile(r"[^\W_]")  # a letter or a digit
 
