@@ -5,6 +5,7 @@ docs/instructors.md), so their outputs are the committed ones. Set here, before 
 kernels inherit the environment. A learner's run uses labs/ (tests/test_learner_path.py).
 """
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -38,18 +39,22 @@ def pytest_addoption(parser):
 # (the hash of HEAD), so that each notebook meets all four within four commits and every run holds all four.
 # OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep instead of spinning, so 4 threads per rank on 2 cores cost
 # scheduling only, not the digits.
+# ATEN_CPU_CAPABILITY=avx2 exists on x86 only (elsewhere torch warns into every rank's output): there the
+# kernel axis is plain kernels against the machine's own (unset).
+_SECOND_KERNELS = "avx2" if platform.machine().lower() in ("x86_64", "amd64") else None
 SETTINGS = [{"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
-            {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "4"},
+            {"ATEN_CPU_CAPABILITY": _SECOND_KERNELS, "OMP_NUM_THREADS": "4"},
             {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "4"},
-            {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "1"}]
-_ENV_BEFORE = {name: os.environ.get(name) for name in ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS")}
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+            {"ATEN_CPU_CAPABILITY": _SECOND_KERNELS, "OMP_NUM_THREADS": "1"}]
+for _setting in SETTINGS:
+    _setting["OMP_WAIT_POLICY"] = "PASSIVE"
+_ENV_BEFORE = {name: os.environ.get(name) for name in SETTINGS[0]}
 
 
 def _rotation():
     """DDPCOURSE_TESTS_ROTATION if set (to repeat a run), else HEAD's commit hash mod 4, else 0."""
     if os.environ.get("DDPCOURSE_TESTS_ROTATION"):
-        return int(os.environ["DDPCOURSE_TESTS_ROTATION"]) % len(SETTINGS)
+        return int(os.environ["DDPCOURSE_TESTS_ROTATION"]) % len(SETTINGS)  # an integer, or conftest fails
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
                               text=True, timeout=10).stdout.strip()
@@ -63,7 +68,8 @@ ROTATION = _rotation()
 
 def notebook_settings(notebook_name):
     """The ATen kernels and threads per rank the kernel of notebooks/NN_*.ipynb (and its ranks) run with."""
-    return SETTINGS[(int(notebook_name[:2]) + ROTATION) % len(SETTINGS)]
+    number = int(notebook_name[:2]) if notebook_name[:2].isdigit() else 0
+    return SETTINGS[(number + ROTATION) % len(SETTINGS)]
 
 
 def pytest_report_header(config):

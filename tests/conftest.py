@@ -28,6 +28,8 @@ def recorded_check(request, monkeypatch):
         results, problem = found.load()
         if problem:
             pytest.fail(problem, pytrace=False)
+        if results is None:  # recorded on another kind of machine: judge a live launch here
+            return check_lab(path, nproc=nproc, quiet=True)
         replay = replaying(results)
         monkeypatch.setattr(checks, "launch", replay)
         result = check_lab(path, nproc=nproc, quiet=True)

@@ -1,21 +1,22 @@
 """Recorded runs: a check judges a wrong version (or a solution) from the RunResults of an earlier launch.
 
-Why: every launch costs 3-4 s of interpreter start-up per rank, and the suite judges about 35 fixed programs
-(the wrong versions of tests/test_labNN.py, the solutions' world sizes no notebook checks). What those
-launches produce depends only on what the ranks run: the program's text, its world size, the check's runs
-(its launch options), the course code that runs inside the ranks, torch and Python. Those inputs are hashed
-into a key; the recording keeps the key beside the RunResults. A test replays the recording through the real
-check (its judge, its explanations: nothing of the check is recorded), and fails when the key no longer
-matches, naming the command that records afresh, as ``make-labs --check`` fails when labs/ drift:
+Why: every launch costs 3-4 s of interpreter start-up per rank, and the suite judges about 60 fixed launches
+(the wrong versions of tests/test_labNN.py, the solutions' world sizes no notebook checks, the notebooks'
+check cells). What they produce depends on the program's text and world size, the course code a launch runs
+or is shaped by (the launcher, the checks' runs and settings, what a rank imports), and the machine (torch's
+build, Python, the system). The first two are hashed into a code key: when it differs, the recording is
+stale and its test fails, naming the command that records afresh, as ``make-labs --check`` fails when labs/
+drift. The machine is hashed apart: on another kind of machine (a Mac, a CUDA build, another Python) the
+checks run live instead. A replay goes through the real check (its judge, its explanations: nothing of the
+check is recorded):
 
-    python3 start.py test tests/test_lab0*.py tests/test_checks.py --record-runs
+    python3 start.py test tests/test_lab0*.py tests/test_checks.py notebooks --record-runs
 
 Test machinery: it lives here, never in ddpcourse/.
 """
 import dataclasses
 import gzip
 import hashlib
-import inspect
 import json
 import importlib.metadata
 import os
@@ -24,35 +25,40 @@ import sys
 from pathlib import Path
 
 from ddpcourse import checks
-from ddpcourse.checks import declared_check
 from ddpcourse.launch.diagnosis import RankFailure
 from ddpcourse.launch.launcher import RunResult
-from ddpcourse.paths import COURSE_ROOT, lab_number
+from ddpcourse.paths import COURSE_ROOT
 
 RECORDINGS = Path(__file__).parent / "recorded_runs"
 NOTEBOOK_CHECKS = RECORDINGS / "notebooks"  # the notebooks' check cells: <lab file stem>-nproc<N or all>
 RERECORD = "python3 start.py test tests/test_lab0*.py tests/test_checks.py notebooks --record-runs"
 RECORD_ENV = "DDPCOURSE_TESTS_RECORD_RUNS"  # --record-runs, passed on to the notebooks' kernels
-# The course code that runs inside a launch (the agent, each rank, what a lab imports, the checks' observer):
-# an edit to any of them can change what a rank reports, so it is part of every key.
-RANK_SIDE = sorted([*(COURSE_ROOT / "ddpcourse" / "launch").glob("*.py"),
-                    *(COURSE_ROOT / "ddpcourse" / name for name in
-                      ("__init__.py", "lab.py", "toy.py", "reporting.py", "paths.py", "authoring/todos.py",
-                       "checks/write_observer.py"))])
+# The course code a launch runs or is shaped by: the whole package but the learner tools and the authoring
+# scripts other than todos.py (the agent, each rank, what a lab imports, the checks with their runs() and
+# settings, the observer). Any edit there can change what a rank reports, so it is part of every code key.
+RANK_SIDE = sorted(path for path in (COURSE_ROOT / "ddpcourse").rglob("*.py")
+                   if "learner" not in path.parts and (path.parent.name != "authoring"
+                                                       or path.name in ("__init__.py", "todos.py")))
 
 
-def key(program_text, file_name, nproc):
-    """The hash of everything a launch of ``program_text`` (saved as ``file_name``) on ``nproc`` ranks
-    depends on: nproc None means the check's own world sizes, in its order."""
+def code_key(program_text, file_name, nproc):
+    """The hash of the course's side of a launch of ``program_text`` (saved as ``file_name``) on ``nproc``
+    ranks (None: the check's own world sizes): when it differs, the recording is stale."""
     digest = hashlib.sha256()
-    declared = declared_check(lab_number(Path(file_name)))
-    runs = inspect.getsource(declared.runs) if declared.runs else ""
-    for part in (program_text, file_name, repr(nproc), repr(declared.nprocs), runs, importlib.metadata.version("torch"),
-                 platform.python_version_tuple()[:2].__repr__(), sys.platform):
+    for part in (program_text, file_name, repr(nproc)):
         digest.update(part.encode() + b"\0")
     for path in RANK_SIDE:
         digest.update(path.relative_to(COURSE_ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def environment_key():
+    """The machine's side: torch's build (its version carries +cpu, +cu128), Python, the system and the
+    processor, and the settings that choose a backend. A recording made elsewhere is not stale: on another
+    machine the checks run live (slower, and true there)."""
+    parts = (importlib.metadata.version("torch"), ".".join(platform.python_version_tuple()[:2]), sys.platform,
+             platform.machine(), os.environ.get("DDPCOURSE_BACKEND", ""))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
 def _to_json(result):
@@ -76,25 +82,29 @@ class Recording:
 
     def __init__(self, folder, name, program_text, file_name, nproc):
         self.path = folder / f"{name}.json.gz"
-        self.key = key(program_text, file_name, nproc)
+        self.key = code_key(program_text, file_name, nproc)
+        self.environment = environment_key()
         self.results = []
 
     def load(self):
-        """The recorded RunResults, or a failure message when there is none or it is stale."""
+        """(results, problem): the recorded RunResults; (None, a failure message) when there is no recording
+        or it is stale; (None, "") when it was recorded on another kind of machine (then: run live)."""
         shown = self.path.relative_to(RECORDINGS.parent.parent)  # this checkout's (a copy's kernel may read it)
         if not self.path.exists():
             return None, f"no recording {shown}: record it with `{RERECORD}`"
         stored = json.loads(gzip.decompress(self.path.read_bytes()))
         if stored["key"] != self.key:
-            return None, (f"{shown} is stale: the program, its check's runs, the "
-                          f"course code the ranks run, torch or Python changed since it was recorded. Record "
-                          f"afresh with `{RERECORD}`")
+            return None, (f"{shown} is stale: the program or the course code a launch runs changed since it was "
+                          f"recorded. Record afresh with `{RERECORD}`")
+        if stored["environment"] != self.environment:
+            return None, ""
         return [_from_json(r) for r in stored["launches"]], ""
 
     def save(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # keys in the order the ranks reported them: a check lists its findings in that order
-        text = json.dumps({"key": self.key, "launches": [_to_json(r) for r in self.results]}, separators=(",", ":"))
+        text = json.dumps({"key": self.key, "environment": self.environment,
+                           "launches": [_to_json(r) for r in self.results]}, separators=(",", ":"))
         # mtime=0: the same recording gives the same bytes, so git sees no change where nothing changed
         self.path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
 
@@ -128,8 +138,8 @@ def notebook_recording(path, nproc):
 
 
 def install_in_kernel():
-    """In a notebook kernel of the suite (tests/kernel_startup.py): check_lab judges a program from its
-    recording when one matches, live otherwise (a learner's edited lab, labs/ in the learner-path tests);
+    """In a notebook kernel of the suite (tests/kernel_startup.py): check_lab judges a solution from its
+    recording when one matches, live otherwise (anything outside solutions/, another kind of machine);
     with --record-runs it runs live and records. tests/test_notebooks.py fails when a check cell has no
     fresh recording, so that the suite never pays for those launches unnoticed."""
     from ddpcourse.paths import resolve_lab
@@ -137,7 +147,13 @@ def install_in_kernel():
     live = checks.check_lab
 
     def check_lab(lab, nproc=None, *args, **kwargs):
-        found = notebook_recording(resolve_lab(lab), nproc)
+        try:
+            path = resolve_lab(lab)
+        except (OSError, ValueError):
+            path = None
+        if path is None or path.parent != COURSE_ROOT / "solutions":  # a learner's lab, a typo: the real check
+            return live(lab, nproc, *args, **kwargs)
+        found = notebook_recording(path, nproc)
         real_launch = checks.launch
         try:
             if os.environ.get(RECORD_ENV) == "1":
@@ -146,8 +162,8 @@ def install_in_kernel():
                 if report.launched:
                     found.save()
                 return report
-            results, problem = found.load()
-            if problem:
+            results, _ = found.load()
+            if results is None:  # stale or missing (tests/test_notebooks.py fails then), or another machine
                 return live(lab, nproc, *args, **kwargs)
             checks.launch = replaying(results)
             return live(lab, nproc, *args, **kwargs)

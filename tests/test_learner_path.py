@@ -150,6 +150,8 @@ def course_copy(tmp_path_factory):
                             resources={"metadata": {"path": str(root / "notebooks")}})
     with pytest.MonkeyPatch.context() as env:
         env.delenv(LAB_SOURCE_ENV, raising=False)
+        env.delenv("IPYTHONDIR", raising=False)  # no suite machinery (conftest.py's recorded checks) here
+        env.delenv("DDPCOURSE_TESTS_RECORD_RUNS", raising=False)
         env.setenv("PYTHONPATH", str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with client.setup_kernel():  # one kernel for both runs: a kernel start costs seconds
             yield root, client

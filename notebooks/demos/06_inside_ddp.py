@@ -459,7 +459,7 @@ def baselines(device):
             step(model, optimizer, x, y)
             found[f"{label} | {model_name}"] = timed(lambda: step(model, optimizer, x, y), TIMED_STEPS, device)
         torch.set_num_threads(threads)
-    # what the launcher asked for (OMP_NUM_THREADS) and what torch uses: torch takes no more than the cores
+    # what the launcher asked for (OMP_NUM_THREADS) and what torch uses: MKL lowers a request above the cores
     return found, {"threads_per_rank": threads, "threads_asked": os.environ.get("OMP_NUM_THREADS"), "cores": cores}
 
 
