@@ -242,8 +242,10 @@ def free_port(preferred=8888, host="127.0.0.1"):
 
 
 def jupyterlab_command(port, browser=True, root=False):
+    # default_url, not a file argument: the address JupyterLab prints (what --no-browser, WSL2, SSH and
+    # Codespaces users click) then opens notebook 00 too, not the Launcher.
     command = [VENV_PYTHON, "-m", "jupyter", "lab", "--ServerApp.root_dir=.", "--ServerApp.port=%d" % port,
-               "--ServerApp.port_retries=0", FIRST_NOTEBOOK]
+               "--ServerApp.port_retries=0", "--LabApp.default_url=/lab/tree/" + FIRST_NOTEBOOK]
     # JupyterLab refuses root without --allow-root; containers (a devcontainer, a Codespace) often run as root
     return command + ([] if browser else ["--no-browser"]) + (["--allow-root"] if root else [])
 

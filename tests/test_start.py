@@ -264,7 +264,8 @@ def test_the_readme_quick_start_runs_under(shell, fresh_copy):
                 if not line:
                     break
                 output.append(line)
-                url = re.search(r"(http://127\.0\.0\.1:(\d+)/lab\?token=(\w+))", line)
+                # the address printed is notebook 00's, not the Launcher's (what a --no-browser learner clicks)
+                url = re.search(r"(http://127\.0\.0\.1:(\d+)/lab/tree/clean/00_start_here\.ipynb\?token=(\w+))", line)
             assert url, "".join(output)
             port, token = url.group(2), url.group(3)
             assert port != "8888"
