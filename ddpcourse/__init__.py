@@ -31,8 +31,10 @@ def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_
             print(message, flush=True)
         return RunResult(file=str(path), nproc=nproc, returncode=1, duration=0.0, nnodes=nnodes,
                          message=message, launched=False)
+    # live_view: a notebook cell that prints nothing until the run ends (show="none") still shows its clock
+    # and each rank's state while it runs; checks launch without it and print their own progress lines.
     return run(path, nproc=nproc, args=args, timeout=timeout or DEFAULT_TIMEOUT, show=show, env=env,
-               torchrun_args=torchrun_args, nnodes=nnodes)
+               torchrun_args=torchrun_args, nnodes=nnodes, live_view=True)
 
 
 def hint(lab, todo=None):

@@ -622,3 +622,81 @@ def test_a_start_up_timeout_says_the_ranks_did_not_start():
         0, diagnosis.TIMEOUT, message="x.py did not finish within 10 s of every rank being ready"))
     text = verdict(hang, "x.py")
     assert text.startswith("TIMEOUT: x.py did not finish in 10.4 s; ") and "matching call" in text
+
+
+def test_a_rank_still_starting_is_one_line_not_its_import_stack(tmp_path):
+    """Without a launch: a rank that has started but is not ready (importing torch) is named in one line and
+    is not asked for its stack (kilobytes of imports); a rank that has ended is not asked either."""
+    from ddpcourse.launch.launcher import _stacks
+    from ddpcourse.launch.stacks import STILL_STARTING, stacks_text
+    events = [(0, {"event": "started", "pid": os.getpid()}),
+              (1, {"event": "started", "pid": os.getpid()}), (1, {"event": "ready"}), (1, {"event": "finished"})]
+    for rank, event in events:
+        with open(tmp_path / f"rank{rank}.events", "a") as f:
+            f.write(json.dumps({"time": 0.0, "pid": os.getpid(), **event}) + "\n")
+    reader = EventReader(tmp_path)
+    where = _stacks(tmp_path, reader, tmp_path / "lab.py", wait=0.1)
+    assert where == {0: STILL_STARTING}
+    assert not list(tmp_path.glob("*.stacks"))  # this process was never signalled for a stack
+    assert stacks_text(where, 2).splitlines() == [f"rank 0: {STILL_STARTING}",
+                                                  "rank 1: no stack (not running yet, or already gone)"]
+
+
+def test_the_live_view_shows_the_clock_the_timeout_counts():
+    """Before every rank is ready the timeout has not started: the view says so, its bar empty; then it counts
+    from that moment. A quiet run (show="none") shows each rank's state, never its lines."""
+    from ddpcourse.launch.live_view import LiveRunView
+    view = LiveRunView("x.py", 2, timeout=6)
+    view.tick(9.7, None, {0})
+    assert "starting" in view.header.value and "1 of 2 ranks ready after 9.7 s" in view.header.value
+    assert view.bar.value == 0.0
+    view.tick(12.0, 2.3, {0, 1})
+    assert "2.3 s of a 6 s timeout" in view.header.value and view.bar.value == pytest.approx(2.3)
+    view.add(0, "loss 0.25")
+    view.tick(12.5, 2.8, {0, 1})
+    assert "loss 0.25" in view.body.value
+    quiet = LiveRunView("x.py", 2, timeout=6, lines=False)
+    quiet.add(0, "loss 0.25")
+    quiet.tick(3.0, None, {1})
+    assert "loss" not in quiet.body.value
+    assert "rank 0</b>: starting" in quiet.body.value and "rank 1</b>: running" in quiet.body.value
+
+
+def test_a_stop_in_a_notebook_ends_with_the_summary_not_a_traceback(tmp_path):
+    """The stop button in a kernel, during a quiet run_lab (show="none"): the cell showed the live view while
+    it ran, prints where each rank was, and its error is one line; it still ends as an error, so Run All stops."""
+    from jupyter_client.manager import start_new_kernel
+    path = script(tmp_path, "waits.py", WAITS)
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        client.execute(f"from ddpcourse import run_lab\nrun_lab({str(path)!r}, nproc=1, show='none', timeout=120)")
+        shown, errors, stream = [], [], []
+        began = time.monotonic()
+        interrupted = False
+        while time.monotonic() - began < 90:
+            try:
+                message = client.get_iopub_msg(timeout=1)
+            except Exception:  # queue.Empty: nothing new this second
+                message = None
+            if message is not None:
+                kind, content = message["msg_type"], message["content"]
+                if kind == "display_data":
+                    shown.append(content["data"].get("text/plain", ""))
+                elif kind == "stream":
+                    stream.append(content["text"])
+                elif kind == "error":
+                    errors.append(content["traceback"])
+                elif kind == "status" and content["execution_state"] == "idle" and interrupted:
+                    break
+            # the rank is in its script (it printed "ready" to its log) well before this: stop the cell
+            if not interrupted and shown and time.monotonic() - began > 12:
+                manager.interrupt_kernel()
+                interrupted = True
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    text = "".join(stream)
+    assert len(shown) == 1 and shown[0].startswith("[live view of") and "waits.py while it runs" in shown[0]
+    assert "Interrupted: every process of this run" in text, text
+    assert f"waits.py:{line_is(path, 'time.sleep(300)')} in <module>:  time.sleep(300)" in text  # where it was
+    assert errors == [["Stopped. Where each rank was is printed above."]], errors

@@ -193,6 +193,9 @@ def test_every_predict_has_its_answer_and_every_answer_its_predict():
             entry = answers(number)[qid]
             assert 0 <= entry["answer"] < len(options) and len(options) >= 2, qid
             assert len(entry["why"]) > 20, f"{qid}: the why explains the answer"
+            # the reveal shows the why as plain text (quiz.Prediction escapes it): markdown would show literally
+            markup = re.search(r"`|\*\*|(?<![\w*])\*[^*\s][^*]*\*(?![\w*])", entry["why"])
+            assert markup is None, f"{qid}: markdown {markup and markup.group()!r} would show as typed; plain words"
 
 
 def test_predict_cells_are_readable_and_hold_no_answer():

@@ -33,12 +33,21 @@ from ddpcourse.launch.events import ENDINGS, READY, SERVE_STORE, STARTED, WROTE,
 from ddpcourse.launch.printing import RunPrinter, verdict
 from ddpcourse.launch.processes import kill_run, processes_of_run  # noqa: F401 - processes_of_run: notebook 00
 from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
-from ddpcourse.launch.stacks import dump_stacks, format_stack, stacks_text
+from ddpcourse.launch.stacks import STILL_STARTING, dump_stacks, format_stack, stacks_text
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
 
 DEFAULT_TIMEOUT = 60.0   # seconds a run may take once every rank is ready
 STARTUP_TIMEOUT = 120.0  # seconds the ranks may take to start (interpreters importing torch on a busy laptop)
 POLL_SECONDS = 0.1  # how often the live output is refreshed; the end of the run is noticed at once
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The stop button (or Ctrl+C) during a run, after its summary is printed. Still a KeyboardInterrupt, so
+    Run All stops at this cell and a terminal exits with 130; in a notebook it renders as one line instead of
+    a traceback through the launcher, which would push the summary of where each rank was off screen."""
+
+    def _render_traceback_(self):  # IPython's hook for an exception's own rendering
+        return [f"Stopped. {self.args[0] if self.args else ''}".rstrip()]
 
 
 @dataclass
@@ -130,7 +139,7 @@ def build_env(world_size, spec_path, extra=None):
 
 
 def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, torchrun_args=(), nnodes=1,
-        observer="", observer_options=None):
+        observer="", observer_options=None, live_view=None):
     """Run ``file`` on ``nproc`` processes; see the module docstring. Returns a RunResult.
 
     timeout: seconds from the moment every rank is ready (its imports done) to the end of the run.
@@ -140,6 +149,9 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
     nnodes: start this many torchrun agents ("nodes", all on this machine) of ``nproc`` ranks each,
     meeting through a c10d rendezvous on 127.0.0.1; the world size is nnodes * nproc.
     observer, observer_options: a check's observer, called in every rank before the script (see RunSpec).
+    live_view: in Jupyter, the live view of the clock and each rank (ddpcourse.launch.live_view); by default
+    only when output is shown; True: also with show="none", each rank's state without its lines (a quiet
+    cell still shows that it is alive).
     """
     lab_file = Path(file).resolve()
     shown = display_path(lab_file)
@@ -157,7 +169,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             print(result.message, flush=True)
         return result
 
-    printer = RunPrinter(show, world, shown, timeout)
+    printer = RunPrinter(show, world, shown, timeout, live_view=live_view)
     with tempfile.TemporaryDirectory(prefix="ddpcourse-run-") as run_dir:
         spec = RunSpec(str(lab_file), tuple(map(str, args)), run_dir, os.getpid(), observer, observer_options or {})
         result.run_id = spec.path
@@ -188,7 +200,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
                 output.setdefault(rank, []).append(text)
                 printer.line(rank, text)
 
-        ready, deadline = set(), start + STARTUP_TIMEOUT
+        ready, deadline, all_ready_at = set(), start + STARTUP_TIMEOUT, None
         try:
             while any(proc.poll() is None for proc in procs):
                 drain(logs.poll())
@@ -196,13 +208,15 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
                     if event["event"] == READY and rank not in ready:
                         ready.add(rank)
                         if len(ready) == world:  # the run's own clock starts now
-                            deadline = time.monotonic() + timeout
+                            all_ready_at = time.monotonic()
+                            deadline = all_ready_at + timeout
                 now = time.monotonic()
                 if now > deadline:
                     result.timed_out = True
                     result.stacks = _stacks(run_dir, events, lab_file)
                     break
-                printer.tick(now - start)
+                # the view shows the clock the timeout counts: from the moment every rank is ready
+                printer.tick(now - start, None if all_ready_at is None else now - all_ready_at, ready)
                 try:
                     running = next(proc for proc in procs if proc.poll() is None)
                     running.wait(timeout=max(0.01, min(POLL_SECONDS, deadline - now)))
@@ -215,7 +229,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             printer.finish(output)
             print(f"Interrupted: every process of this run of {shown} was stopped. "  # even if quiet
                   f"Where each rank was (most recent call first):\n{_stacks_text(result)}", flush=True)
-            raise
+            raise RunInterrupted("Where each rank was is printed above.") from None
         finally:
             kill_run(procs, spec.path)  # also ends grandchildren a finished run left behind
             for reader in readers:
@@ -255,11 +269,16 @@ def _agent_exit_codes(run_dir):
 
 
 def _stacks(run_dir, events, lab_file, wait=2.0):
+    """{rank: where it is}: the formatted stack of each rank running the script; one line for a rank still
+    starting, whose stack is only torch's imports (kilobytes of them) and says nothing about the script."""
     events.poll()  # what the ranks wrote since the last look (an interrupt can come before the loop read it)
     pids = {rank: events.first(rank, STARTED)["pid"] for rank in events.ranks() if events.first(rank, STARTED)}
     live = {rank: pid for rank, pid in pids.items() if not any(e["event"] in ENDINGS for e in events.events(rank))}
-    raw = dump_stacks(run_dir, live, wait=wait)
-    return {rank: format_stack(text, lab_file) for rank, text in sorted(raw.items())}
+    starting = {rank for rank in live if events.first(rank, READY) is None}
+    raw = dump_stacks(run_dir, {rank: pid for rank, pid in live.items() if rank not in starting}, wait=wait)
+    where = {rank: format_stack(text, lab_file) for rank, text in raw.items()}
+    where.update({rank: STILL_STARTING for rank in starting})
+    return dict(sorted(where.items()))
 
 
 def _stacks_text(result):

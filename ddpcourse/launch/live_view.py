@@ -11,17 +11,19 @@ MAX_LINES = 12  # per rank: the view is a glance at progress, the full output is
 
 
 class LiveRunView(widgets.VBox):
-    """Elapsed time against the timeout, and each rank's latest output lines, while a run is going."""
+    """The run's clock against its timeout, and each rank's latest output lines (``lines=True``) or only
+    its state (a quiet run, whose cell prints its results at the end), while a run is going."""
 
-    def __init__(self, label, nproc, timeout):
-        self.label, self.timeout = label, timeout
+    def __init__(self, label, nproc, timeout, lines=True):
+        self.label, self.timeout, self.show_lines = label, timeout, lines
         self.lines = {rank: [] for rank in range(nproc)}
+        self.ready = set()
         self.header = widgets.HTML()
         self.bar = widgets.FloatProgress(min=0.0, max=float(timeout), layout={"width": "40%"})
         self.body = widgets.HTML()
-        self._dirty, self._last_draw = True, 0.0
+        self._dirty, self._last_draw = True, None
         super().__init__([self.header, self.bar, self.body])
-        self.tick(0.0)
+        self.tick(0.0, None, set())
         from IPython.display import display
         display(self)
 
@@ -33,15 +35,31 @@ class LiveRunView(widgets.VBox):
         del self.lines[rank][:-MAX_LINES]
         self._dirty = True
 
-    def tick(self, elapsed):
-        if elapsed - self._last_draw < 0.25 and elapsed > 0:
+    def tick(self, since_launch, since_ready, ready):
+        """since_ready: the timeout's clock (None until every rank is ready); ready: the ranks that are."""
+        if len(ready) != len(self.ready):
+            self.ready, self._dirty = set(ready), True
+        elif self._last_draw is not None and since_launch - self._last_draw < 0.25:
             return  # a redraw per poll would flood the frontend
-        self._last_draw = elapsed
-        self.bar.value = min(elapsed, self.timeout)
-        self.header.value = (f"<b>running {html.escape(self.label)}</b> on {len(self.lines)} ranks: "
-                             f"{elapsed:.1f} s of a {self.timeout:.0f} s timeout")
+        self._last_draw = since_launch
+        n = len(self.lines)
+        name = html.escape(self.label)
+        if since_ready is None:  # the timeout has not started: say so rather than fill its bar
+            self.bar.value = 0.0
+            self.header.value = (f"<b>starting {name}</b>: {len(self.ready)} of {n} ranks ready after "
+                                 f"{since_launch:.1f} s (torch imports); the {self.timeout:.0f} s timeout "
+                                 "starts when all are")
+        else:
+            self.bar.value = min(since_ready, self.timeout)
+            self.header.value = (f"<b>running {name}</b> on {n} ranks: {since_ready:.1f} s of a "
+                                 f"{self.timeout:.0f} s timeout")
         if self._dirty:
-            blocks = [f"<b>rank {rank}</b>\n" + html.escape("\n".join(lines or ["(starting)"]))
-                      for rank, lines in sorted(self.lines.items())]
-            self.body.value = "<pre style='margin:0'>" + "\n".join(blocks) + "</pre>"
+            self.body.value = "<pre style='margin:0'>" + "\n".join(
+                self._rank_block(rank) for rank in sorted(self.lines)) + "</pre>"
             self._dirty = False
+
+    def _rank_block(self, rank):
+        state = "running" if rank in self.ready else "starting"
+        if not self.show_lines:  # a quiet run: its cell prints the results when it ends
+            return f"<b>rank {rank}</b>: {state}"
+        return f"<b>rank {rank}</b>\n" + html.escape("\n".join(self.lines[rank] or [f"({state})"]))

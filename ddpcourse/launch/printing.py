@@ -9,12 +9,12 @@ from ddpcourse.launch.stacks import stacks_text
 
 
 class RunPrinter:
-    def __init__(self, show, world_size, label, timeout):
+    def __init__(self, show, world_size, label, timeout, live_view=None):
         self.show = show
         self.view = None
-        if show != "none" and in_jupyter():
+        if (show != "none" if live_view is None else live_view) and in_jupyter():
             from ddpcourse.launch.live_view import LiveRunView
-            self.view = LiveRunView(label, world_size, timeout)
+            self.view = LiveRunView(label, world_size, timeout, lines=show != "none")
 
     def line(self, rank, text):
         if self.show == "none" or (self.show == "rank0" and rank != 0):
@@ -24,9 +24,10 @@ class RunPrinter:
         else:
             print(f"[rank {rank}] {text}", flush=True)
 
-    def tick(self, elapsed):
+    def tick(self, since_launch, since_ready, ready):
+        """since_ready: seconds since every rank was ready (the timeout's clock), None before; ready: those ranks."""
         if self.view is not None:
-            self.view.tick(elapsed)
+            self.view.tick(since_launch, since_ready, ready)
 
     def finish(self, output):
         if self.view is None:

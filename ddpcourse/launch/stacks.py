@@ -12,6 +12,8 @@ from pathlib import Path
 
 from ddpcourse.paths import display_path
 
+# Where a rank is that has not reached the script: its stack would be kilobytes of torch's imports.
+STILL_STARTING = "still starting (importing torch): the script had not begun"
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 
 
@@ -80,5 +82,8 @@ def stacks_text(stacks, world_size):
     parts = []
     for rank in range(world_size):
         stack = stacks.get(rank)
-        parts.append(f"rank {rank}:\n{stack}" if stack else f"rank {rank}: no stack (not running yet, or already gone)")
+        if stack == STILL_STARTING:
+            parts.append(f"rank {rank}: {stack}")
+        else:
+            parts.append(f"rank {rank}:\n{stack}" if stack else f"rank {rank}: no stack (not running yet, or already gone)")
     return "\n".join(parts)
