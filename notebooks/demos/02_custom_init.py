@@ -1,5 +1,5 @@
 """Demo for notebook 02, section 5: broadcasting a custom initialization, right and wrong, one tensor at a
-time or coalesced, and the cost of starting from a pretrained checkpoint.
+time or coalesced; and Appendix B: the cost of starting from a pretrained checkpoint.
 
 python -m ddpcourse run notebooks/demos/02_custom_init.py --nproc 2
 No DDP here: these are the collectives DDP's constructor would otherwise do for you.

@@ -1,4 +1,4 @@
-"""Demo for notebook 02, section 7: the three ways the source article starts a DDP model, in the course's code.
+"""Demo for notebook 02, Appendix C: the three ways the source article starts a DDP model, in the course's code.
 
 One function per pattern, all in one launch. Each builds the course's TinyNet the way the article's
 example does, wraps it in DistributedDataParallel and reports whether the replicas agree just before
