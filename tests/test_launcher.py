@@ -697,6 +697,7 @@ def test_a_stop_in_a_notebook_ends_with_the_summary_not_a_traceback(tmp_path):
         manager.shutdown_kernel(now=True)
     text = "".join(stream)
     assert len(shown) == 1 and shown[0].startswith("[live view of") and "waits.py while it runs" in shown[0]
+    assert "[rank 0] ready" not in text  # a quiet run prints none of its lines, stopped or not
     assert "Interrupted: every process of this run" in text, text
     assert f"waits.py:{line_is(path, 'time.sleep(300)')} in <module>:  time.sleep(300)" in text  # where it was
     assert errors == [["Stopped. Where each rank was is printed above."]], errors

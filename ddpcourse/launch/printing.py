@@ -33,6 +33,8 @@ class RunPrinter:
         if self.view is None:
             return
         self.view.close()
+        if self.show == "none":  # a quiet run's view showed only each rank's state: its lines stay unprinted
+            return
         for rank in sorted(output):
             if self.show == "rank0" and rank != 0:
                 continue
