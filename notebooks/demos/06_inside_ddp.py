@@ -28,6 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.profiler import ProfilerActivity, profile
 
 from ddpcourse import init_distributed, report
+from ddpcourse.launch.cores import usable_cores
 
 HERE = Path(__file__).resolve().parent
 
@@ -264,8 +265,9 @@ class Backwards(nn.Module):
 
 
 def launch_order(device, group):
-    """Events of step 1 with find_unused_parameters=True (buckets from registration order, never rebuilt) and of
-    step 2 with the defaults (buckets rebuilt in arrival order), one 256 KiB weight per bucket."""
+    """Events of step 2 (the loop keeps the last step's) with find_unused_parameters=True (buckets from
+    registration order, never rebuilt: as in step 1) and with the defaults (buckets rebuilt in arrival order),
+    one 256 KiB weight per bucket."""
     found = {}
     x, y = data(256, dist.get_rank(), device)
     for label, options in (("registration order", {"find_unused_parameters": True}), ("rebuilt", {})):
@@ -447,9 +449,10 @@ def allreduce_times(device, group):
 
 
 def baselines(device):
-    """One process on the whole batch (2 x BATCH): with the threads each rank has, then with every core."""
+    """One process on the whole batch (2 x BATCH): with the threads each rank has, then with the launcher's
+    usable cores (this process's CPU affinity, capped by a container's CPU quota: no oversubscription there)."""
     found, threads = {}, torch.get_num_threads()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     for model_name, (build, width) in MODELS.items():
         model = build().to(device)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
