@@ -1,13 +1,10 @@
 """Demo for notebook 00: broadcast, all_reduce and all_gather on the values of the pictures, then
-ReduceOp.AVG, an asynchronous all_reduce, and the order in which DDP takes the mean of gradients.
+ReduceOp.AVG and an asynchronous all_reduce.
 
 python -m ddpcourse run notebooks/demos/00_collectives.py --nproc 3
 """
-import math
-
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpcourse import init_distributed, report
 
@@ -51,19 +48,7 @@ if device.type == "cuda":
     queued_only = not torch.cuda.current_stream().query()  # True: returned while the stream still works
     torch.cuda.synchronize()
 
-# --- DDP's mean of gradients in float16: each rank's gradient is 8000 * start, the sum 96000 > 65504
-model = torch.nn.Linear(1, 1, bias=False).to(device=device, dtype=torch.float16)
-ddp = DDP(model, device_ids=[device] if device.type == "cuda" else None)
-ddp(torch.full((1, 1), 8000 * start, dtype=torch.float16, device=device)).sum().backward()
-ddp_mean_grad = model.weight.grad.item()  # what DDP's backward left in .grad
-t = torch.tensor(8000 * start, dtype=torch.float16, device=device)
-dist.all_reduce(t)  # the other order: sum first ...
-sum_then_divide = (t / world_size).item()  # ... then divide
-
-# the mean's last digits depend on the order in which the ranks' float16 thirds are added: not printed
-print(f"AVG -> {averaged:g}; async: {async_result}; DDP fp16 mean grad "
-      f"{'finite' if math.isfinite(ddp_mean_grad) else 'not finite'}, sum then divide {sum_then_divide:g}")
+print(f"AVG -> {averaged:g}; async: {async_result}")
 report(start=start, broadcast=broadcast, all_reduce=summed, all_gather=gathered, avg=averaged,
-       async_result=async_result, backend=dist.get_backend(), queued_only=queued_only,
-       ddp_mean_grad=ddp_mean_grad, sum_then_divide=sum_then_divide)
+       async_result=async_result, backend=dist.get_backend(), queued_only=queued_only)
 dist.destroy_process_group()

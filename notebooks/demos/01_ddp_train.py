@@ -12,7 +12,8 @@ of its own, and all three the default group.
   3. pitfalls (N = 2): reduction='sum', an unequal last batch (and its exact fix), DistributedSampler's padding,
      a per-rank DataLoader(drop_last=True) on unequal shares (steps per rank; run under ddp.join()) against
      DistributedSampler(drop_last=True);
-  4. the order of DDP's averaging without a hook (N = 2): a float16 gradient that a sum would overflow;
+  4. the order of DDP's averaging without a hook: a float16 gradient that a sum would overflow (N = 2), and
+     unequal float16 gradients whose mean DDP rounds (N = 3), against a float16 all_reduce(SUM) then a division;
   5. timing (N = 2): milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares);
   6. every collective DDP calls in its constructor and in each forward and backward of 3 iterations (N = 2),
      with the default settings, with find_unused_parameters=True, and for a model with BatchNorm buffers;
@@ -20,7 +21,7 @@ of its own, and all three the default group.
   8. the constructor's checks (N = 2): a rank with more parameters, a rank with a wider layer;
   9. BatchNorm at a fixed global batch (N = 2), and SyncBatchNorm on CPU tensors (train mode, then eval mode);
  10. a DataLoader training loop over 2 epochs with DistributedSampler, without and with set_epoch (N = 2).
-Rank 2 takes part in what needs all three ranks (sections 1 and 2) and waits during the rest.
+Rank 2 takes part in what needs all three ranks (sections 1 and 2, section 4's N = 3) and waits during the rest.
 """
 import contextlib
 import gc
@@ -198,6 +199,19 @@ def division_first():
     report(half_grad=float(one_weight.weight.grad))
 
 
+def unequal_mean_in_float16():
+    # Every rank, the default group (N = 3): float16 gradients 8000 x (7, 1, 4) = 56000, 8000, 32000, whose sum
+    # (96000) does not fit in float16. DDP's built-in reducer divides first; then the other order by hand.
+    own_grad = 8000 * (7.0, 1.0, 4.0)[rank]
+    one_weight = nn.Linear(1, 1, bias=False).half()
+    half_model = DDP(one_weight)  # kept in a name: a wrapper freed before backward() would reduce nothing
+    half_model(torch.full((1, 1), own_grad, dtype=torch.half)).sum().backward()  # d(w * x)/dw = x
+    summed = torch.tensor(own_grad, dtype=torch.half)
+    dist.all_reduce(summed)  # sum first ...
+    report(unequal_own_grad=own_grad, unequal_half_grad=float(one_weight.weight.grad),
+           sum_then_divide=float(summed / world_size))  # ... then divide
+
+
 # ----------------------------------------------------------------------------- 5. timing (N = 2, CPU figures)
 def step_time():
     # cores // 2, set here rather than taken from the launcher (which divides the usable cores among all the
@@ -346,6 +360,7 @@ def sampler_epochs(samples=16, epochs=2):
     report(sampler_shuffle=sampler.shuffle, epoch_orders=orders)
 
 
+unequal_mean_in_float16()  # N = 3: every rank
 if in_pair:
     pitfalls()
     short_last_batch()
