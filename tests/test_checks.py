@@ -142,15 +142,27 @@ def test_lab00_result_on_rank0_only_and_in_place_reduction(report):
     assert "rank 0: local_grad_norm became 6 (was 1): global_max changed its input in place" in inputs.detail
 
 
-def test_every_lab_declares_its_check():
-    """Each lab of solutions/ has a LabCheck: what it judges with, on which world sizes, with which runs."""
+def test_every_lab_declares_a_check_that_can_fail(tmp_path):
+    """Each lab of solutions/ has a LabCheck (what it judges with, on which world sizes, with which runs) whose
+    judge fails a run that reported nothing: a judge that passes anything (``lambda results: []``) fails here.
+    A judge that raises on the missing values fails too: check_lab turns that into a failed check."""
     from ddpcourse.checks import LabCheck, declared_check
+    from ddpcourse.launch.launcher import RunResult
     from ddpcourse.paths import lab_number
 
     for solution in lab_files(COURSE_ROOT / "solutions"):
         declared = declared_check(lab_number(solution))
         assert isinstance(declared, LabCheck), solution.name
         assert callable(declared.judge) and declared.nprocs and all(n >= 1 for n in declared.nprocs)
+        size = declared.nprocs[0]
+        silent = RunResult(file=str(solution), nproc=size, returncode=0, duration=1.0,
+                           reports={rank: {} for rank in range(size)}, launched=True)
+        results = {name: silent for name in declared.runs(str(tmp_path), size)} if declared.runs else silent
+        try:
+            outcome = declared.judge(results)
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+        assert outcome and not all(check.passed for check in outcome), f"{solution.name}: its judge passes a silent run"
     assert declared_check("99") is None
 
 

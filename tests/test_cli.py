@@ -1,5 +1,9 @@
-"""The command line's structure: every sub-command dispatches through its own function."""
+"""The command line: every sub-command dispatches through its own function, those that can answer without a
+launch answer right; and the package has no import cycle (grimp, import-linter's graph)."""
 import argparse
+
+import grimp
+import pytest
 
 from ddpcourse.__main__ import build_parser, main
 
@@ -11,12 +15,37 @@ def _subcommands(parser):
     return action.choices
 
 
-def test_every_subcommand_has_a_function():
-    commands = _subcommands(build_parser())
-    assert set(commands) == COMMANDS
-    for name, sub in commands.items():
-        assert callable(sub.get_default("func")), f"`{name}` has no func"
-    assert len({sub.get_default("func") for sub in commands.values()}) == len(COMMANDS)  # one function each
+# Each command with the least it needs: what build_parser accepts, nothing launched or written.
+MINIMAL_ARGS = {"run": ["x.py"], "check": ["00"], "status": [], "hint": ["00"], "reset": ["00"], "cleanup": [],
+                "make-labs": ["--check"], "make-clean": ["--check"], "execute": ["notebooks/x.ipynb"], "doctor": []}
+
+
+def test_each_subcommand_dispatches_to_its_own_function(monkeypatch):
+    """Structure: every command reaches its own cmd_* function, with its options parsed."""
+    assert set(_subcommands(build_parser())) == COMMANDS == set(MINIMAL_ARGS)
+    called = []
+    for name in COMMANDS:
+        function = "cmd_" + name.replace("-", "_")
+        monkeypatch.setattr(f"ddpcourse.__main__.{function}", lambda options, f=function: called.append(f) or 0)
+    for name, args in MINIMAL_ARGS.items():
+        assert main([name, *args]) == 0
+        assert called[-1] == "cmd_" + name.replace("-", "_"), name
+
+
+@pytest.mark.parametrize("argv, code, says", [
+    (["make-labs", "--check"], 0, "labs/ is up to date with solutions/"),
+    (["run", "no_such_file.py"], 1, "FAILED: no_such_file.py does not exist"),
+    (["check", "labs/99_x.py"], 2, "no such file: labs/99_x.py"),
+    (["hint", "99"], 2, "no lab 99"),
+    (["reset", "99"], 2, "there is no lab 99"),
+])
+def test_the_commands_answer_for_real(argv, code, says, capsys):
+    """Behaviour, where a command answers without a launch and without writing: a broken command fails here
+    (status, hint, reset, run, make-labs also have tests of their own; the doctor runs in test_start.py's
+    quick start; make-clean --check in test_notebooks.py; execute whenever a notebook is re-executed)."""
+    assert main(argv) == code
+    captured = capsys.readouterr()
+    assert says in captured.out + captured.err
 
 
 def test_arguments_after_the_double_dash_go_to_the_script(monkeypatch):
@@ -31,73 +60,29 @@ def test_arguments_after_the_double_dash_go_to_the_script(monkeypatch):
     assert seen["nproc"] == 3 and seen["script_args"] == ["--help", "--nproc", "9"]
 
 
-def _import_graph():
-    """{module: modules of ddpcourse it imports}, read with ast from every file of the package, imports
-    inside functions included (a lazy import still makes a cycle, only a later one)."""
-    import ast
-
-    from ddpcourse.paths import COURSE_ROOT
-
-    package = COURSE_ROOT / "ddpcourse"
-    modules = {}
-    for path in package.rglob("*.py"):
-        parts = path.relative_to(COURSE_ROOT).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        is_package = path.name == "__init__.py"
-        edges = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: from . import x, from .x import y
-                    anchor = name.split(".") if is_package else name.split(".")[:-1]
-                    anchor = anchor[:len(anchor) - node.level + 1]
-                    base = ".".join(anchor + ([base] if base else []))
-                # `from ddpcourse import diagnosis` imports the module ddpcourse.launch.diagnosis, not the package's code
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
-                           for alias in node.names]
-            else:
-                continue
-            edges.update(t for t in targets if t in modules and t != name)
-        graph[name] = edges
-    return graph
-
-
-def _cycle(graph):
-    """One import cycle as [a, b, ..., a], or None."""
-    state = {}
-
-    def visit(node, stack):
-        state[node] = "open"
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt, stack + [nxt])
-                if found:
-                    return found
-        state[node] = "done"
-        return None
-
-    for start in sorted(graph):
-        if start not in state:
-            found = visit(start, [start])
-            if found:
-                return found
+def _import_cycle(graph):
+    """One import cycle of a grimp graph (import-linter's, imports inside functions included: a lazy import
+    still makes a cycle, only a later one) as [a, b, ..., a], or None."""
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            chain = graph.find_shortest_chain(importer=imported, imported=module)
+            if chain:
+                return [module, *chain]
     return None
 
 
 def test_the_package_has_no_import_cycle():
-    graph = _import_graph()
-    assert {"ddpcourse.authoring.todos", "ddpcourse.authoring.makelabs", "ddpcourse.learner.progress", "ddpcourse.__main__"} <= set(graph)
-    assert "ddpcourse.authoring.todos" in graph["ddpcourse.authoring.makelabs"]  # the graph does see imports
-    cycle = _cycle(graph)
+    graph = grimp.build_graph("ddpcourse")
+    assert {"ddpcourse.authoring.todos", "ddpcourse.authoring.makelabs", "ddpcourse.learner.progress", "ddpcourse.__main__"} <= graph.modules
+    assert "ddpcourse.checks" in graph.find_modules_directly_imported_by("ddpcourse.learner.progress")  # a lazy import
+    cycle = _import_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def test_the_cycle_finder_finds_a_cycle():
-    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    graph = grimp.ImportGraph()
+    for importer, imported in (("a", "b"), ("b", "c"), ("c", "a")):
+        graph.add_import(importer=importer, imported=imported)
+    assert _import_cycle(graph) == ["a", "b", "c", "a"]
+    graph.remove_import(importer="c", imported="a")
+    assert _import_cycle(graph) is None

@@ -548,7 +548,9 @@ def test_every_look_alike_claim_pair_is_registered():
     assert not problems, "claims of two notebooks that look alike:\n" + "\n".join(problems)
 
 
-def test_one_verdict_per_claim_across_the_course():
+def test_registered_look_alike_claims_share_one_verdict():
+    """Compares the registered groups only (tests/claims.json): claims the registry groups as one must carry
+    the same verdict; a look-alike pair not registered is caught by test_every_look_alike_claim_pair_is_registered."""
     same, _, _ = registered_groups(registry(), course_claims())
     problems = verdict_conflicts(same)
     assert not problems, "\n".join(problems)

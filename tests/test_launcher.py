@@ -609,15 +609,21 @@ def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys, tmp_path):
             process.wait()
 
 
-def test_a_start_up_timeout_says_the_ranks_did_not_start():
-    """Without a launch: the verdict names the limit that ran out, so a slow start-up does not read as a hang."""
+def test_a_start_up_timeout_says_the_ranks_did_not_start(tmp_path, monkeypatch):
+    """A run whose ranks cannot be ready in time (a start-up limit shorter than importing torch): the verdict,
+    the launcher's own, names the limit that ran out and each rank still starting, so it does not read as a hang."""
+    from ddpcourse.launch import launcher
     from ddpcourse.launch.launcher import RunResult
     from ddpcourse.launch.printing import verdict
-    startup = RunResult("x.py", nproc=2, returncode=124, duration=121.3, timed_out=True, failure=diagnosis.RankFailure(
-        0, diagnosis.TIMEOUT, message=f"x.py: the ranks did not start within {STARTUP_TIMEOUT:g} s"))
-    text = verdict(startup, "x.py")
-    assert text.startswith(f"TIMEOUT: x.py: the ranks did not start within {STARTUP_TIMEOUT:g} s (stopped after 121.3 s); ")
-    assert "had not begun" in text and "matching call" not in text
+    from ddpcourse.launch.stacks import STILL_STARTING
+    monkeypatch.setattr(launcher, "STARTUP_TIMEOUT", 0.5)
+    path = script(tmp_path, "x.py", "import torch\nprint('never here')\n")
+    result = run(path, nproc=2, timeout=60, show="none")
+    text = result.message
+    assert result.timed_out and result.returncode == 124
+    assert text.startswith(f"TIMEOUT: {result.failure.message.split(':')[0]}: the ranks did not start within 0.5 s")
+    assert "had not begun" in text and "matching call" not in text and "never here" not in text
+    assert all(f"rank {r}: {STILL_STARTING}" in text or f"rank {r}: no stack" in text for r in (0, 1)), text
     hang = RunResult("x.py", nproc=2, returncode=124, duration=10.4, timed_out=True, failure=diagnosis.RankFailure(
         0, diagnosis.TIMEOUT, message="x.py did not finish within 10 s of every rank being ready"))
     text = verdict(hang, "x.py")

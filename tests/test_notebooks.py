@@ -278,11 +278,31 @@ def test_sanitize_rules_hide_the_torch_build():
     assert sanitize("torch 2.13.0+cpu") != sanitize("torch 2.12.0+cpu"), "the release itself is still compared"
 
 
+# This release's version as any wheel prints it, whichever wheel executed the committed notebook.
+PRINTED_TORCH = re.compile(re.escape(RELEASE) + r"(\+[A-Za-z0-9.]+)?(?![\w.])")
+
+
+def with_every_wheel(text):
+    """``text`` as each wheel of this release would have printed it: every torch version found in it (the
+    committed build, not necessarily the installed one) replaced by each wheel's."""
+    return [(version, PRINTED_TORCH.sub(version, text)) for version in WHEEL_VERSIONS]
+
+
+def test_every_wheel_variant_differs_where_a_version_is_printed():
+    """The comparison below is not a text with itself: a committed CPU-wheel text has macOS and CUDA variants
+    that differ from it, and the sanitizer makes them equal; with a build-blind sanitizer they would not be."""
+    committed = f"doctor: torch {RELEASE}+cpu, gloo available"
+    variants = dict(with_every_wheel(committed))
+    assert variants[RELEASE] == f"doctor: torch {RELEASE}, gloo available"
+    assert variants[f"{RELEASE}+cu128"] == f"doctor: torch {RELEASE}+cu128, gloo available"
+    assert len(set(variants.values())) == len(WHEEL_VERSIONS)
+    assert len({sanitize(text) for text in variants.values()}) == 1
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name[:2])
 def test_compared_outputs_are_the_same_with_every_wheel(path):
     for first_line, text in compared_texts(path):
-        for version in WHEEL_VERSIONS:
-            other = text.replace(INSTALLED_TORCH, version)
+        for version, other in with_every_wheel(text):
             assert sanitize(other) == sanitize(text), f"{path.name}, cell {first_line!r}: with torch {version}"
 
 

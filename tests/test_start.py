@@ -6,6 +6,7 @@ CI (`.ci/run`) runs the second line on a clean clone, so every CI run sets the c
 that environment (`.venv` linked), and the first line's second run is what is timed: doctor, then
 JupyterLab answering.
 """
+import ast
 import importlib.util
 import json
 import os
@@ -100,11 +101,25 @@ def test_the_doctor_sends_native_windows_to_wsl2_and_warns_of_the_windows_disk()
 OLD_PYTHONS = sorted(Path("~/.pyenv/versions").expanduser().glob("3.[6-9].*/bin/python3"))
 
 
+OLDEST_PARSER = (3, 6)  # start.py's docstring: "nothing newer than Python 3.6 before the version check"
+
+
+def test_start_py_parses_as_the_oldest_python_it_claims_to_answer():
+    """An old interpreter must get as far as the version check: start.py's syntax is 3.6's (ast checks it at
+    that feature version here, with no old interpreter installed), and the check bites on newer syntax."""
+    source = (COURSE_ROOT / "start.py").read_text()
+    assert "nothing newer than Python %d.%d before the version check" % OLDEST_PARSER in source
+    ast.parse(source, feature_version=OLDEST_PARSER)
+    for newer in ("(x := 1)", "def f(a, /): pass", "print(f'{x=}')"):  # 3.8 syntax
+        with pytest.raises(SyntaxError):
+            ast.parse(source + "\n" + newer + "\n", feature_version=OLDEST_PARSER)
+
+
 def test_too_old_a_python_says_which_and_how_to_get_a_newer_one(tmp_path):
     assert start.python_problem((3, 11, 7)) is None
     assert "Python 3.9.6 is too old" in start.python_problem((3, 9, 6))
     if not OLD_PYTHONS:
-        return  # no old interpreter here to run it under: the sentence above is what it would print
+        pytest.skip("no Python 3.6-3.9 installed here to run start.py under (its syntax: the test above)")
     shutil.copy(COURSE_ROOT / "start.py", tmp_path)
     old = OLD_PYTHONS[-1]
     (tmp_path / "empty").mkdir()  # PATH without a newer python3.1x, so start.py cannot hand over to one
@@ -203,14 +218,25 @@ def test_a_second_run_skips_pip_when_the_inputs_are_unchanged(course_copy, monke
                    ["-r", str(course_copy / "requirements.txt")]]
 
 
-def test_port_8888_taken_means_the_next_free_one():
+def _binds(port):
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_8888_when_free_and_the_next_free_port_when_taken():
+    if _binds(8888):
+        assert start.free_port() == 8888
     with socket.socket() as holder:
         try:
             holder.bind(("127.0.0.1", 8888))
         except OSError:
             pass  # something else holds it already: the same situation
-        port = start.free_port()
-    assert port != 8888 and 1024 < port < 65536
+        expected = next(port for port in range(8889, 8908) if _binds(port))
+        assert start.free_port() == expected
 
 
 def test_the_devcontainer_runs_the_quick_start():

@@ -45,7 +45,6 @@ class LabStatus:
     detail: str = ""
     todos: list = field(default_factory=list)   # numbers of the TODOs still open
     failed_checks: list = field(default_factory=list)
-    launched: bool = False
 
 
 @dataclass
@@ -60,10 +59,6 @@ class StatusReport:
     @property
     def passed(self):
         return [row.number for row in self.rows if row.state == PASSES]
-
-    @property
-    def launches(self):
-        return sum(row.launched for row in self.rows)
 
     def __repr__(self):
         return f"StatusReport({len(self.passed)} of {len(self.rows)} labs pass)"
@@ -107,7 +102,6 @@ def lab_status(path, solution, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=
 
     say(f"... checking {display_path(path)} on {nproc} ranks (at most {timeout:g} s per run)")
     report = check_lab(path, nproc=nproc, timeout=timeout, quiet=True)
-    row.launched = report.launched
     if report.passed:
         row.state, row.detail = PASSES, f"all {len(report.results)} checks pass on {nproc} ranks"
         return row
