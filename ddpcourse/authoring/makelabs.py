@@ -23,8 +23,11 @@ def expected_labs(solutions_dir):
     return {path.name: generated_text(path) for path in lab_files(solutions_dir)}
 
 
-def make_labs(solutions_dir=None, labs_dir=None, check=False, out=sys.stdout):
-    """Write (or with check=True, compare) every lab. Returns the names that were (or are) stale."""
+def make_labs(solutions_dir=None, labs_dir=None, check=False, out=None):
+    """Write (or with check=True, compare) every lab. Returns the names that were (or are) stale.
+    out: where to say so; the sys.stdout of the moment by default (a default bound at import would keep
+    whatever stdout was then)."""
+    out = out or sys.stdout
     solutions_dir = Path(solutions_dir or COURSE_ROOT / "solutions")
     labs_dir = Path(labs_dir or COURSE_ROOT / "labs")
     expected = expected_labs(solutions_dir)
