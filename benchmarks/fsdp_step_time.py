@@ -8,7 +8,7 @@ fully_shard is set against the goal of 1.25x. A measurement, not a test.
 What it measures is the CPU: here fully_shard waits for every all-gather and reduce-scatter as it calls it (its
 overlap comes from separate CUDA streams, stand-ins on a CPU) and dispatches more ATen operators (copies between
 each parameter and its flat buffer, DTensor), while the lab's FSDP starts its collectives with async_op=True
-into one flat buffer per unit. Notebook 07, section 6, counts both. Neither carries over to GPUs with NCCL.
+into one flat buffer per unit. Notebook 07, Appendix C, counts both. Neither carries over to GPUs with NCCL.
 
     python benchmarks/fsdp_step_time.py [--rounds 8] [--steps 10] [--batch 16]
 """

@@ -2,10 +2,14 @@
 world sizes 1, 2 and 3 (ranks outside a group wait at the next barrier).
 
 - memory: the bytes of parameters, gradients and optimizer state each rank really holds after one step,
-  for DDP, ZeRO-1 (torch's ZeroRedundancyOptimizer), ZeRO-2 (written here: gradients reduce-scattered)
-  and ZeRO-3 (torch's fully_shard), with SGD + momentum and with Adam;
-- traffic: bytes the ranks send per collective and per training step, from each process's own count of
-  written bytes (Linux: /proc/self/io), so what gloo really sends is counted, not assumed;
+  for DDP, ZeRO-1 (torch's ZeroRedundancyOptimizer), ZeRO-2 (written here: each gradient reduced to its
+  owner with dist.reduce, each updated parameter broadcast from it) and ZeRO-3 (torch's fully_shard), with
+  SGD + momentum and with Adam;
+- the lab's ShardedOptimizer with Adam against one process, element by element, and against Adam whose
+  moments see one rank's gradients only;
+- traffic: bytes the ranks send per collective and per training step (DDP, ZeRO-1, the ZeRO-2 written here,
+  fully_shard, the lab's FSDP), from each process's own count of written bytes (Linux: /proc/self/io), so
+  what gloo really sends is counted, not assumed; and the collectives each step launches (CollectiveLog);
 - torch's FSDP tools: fully_shard with MixedPrecisionPolicy against one process, gradient accumulation with
   set_requires_gradient_sync(False), clip_grad_norm_ over shards against clipping each shard on its own,
   and a sharded checkpoint (torch.distributed.checkpoint) saved here on 2 ranks (notebook 07's next cell
@@ -149,6 +153,10 @@ class ZeRO2:
         for p, owner in zip(self.params, self.owner):
             p.register_post_accumulate_grad_hook(lambda p, owner=owner: self._reduce(p, owner))
 
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
     def _reduce(self, p, owner):
         held = nbytes(q.grad for q in self.params)  # this gradient and the ones kept so far
         self.peak_gradient_bytes = max(self.peak_gradient_bytes, held)
@@ -188,6 +196,35 @@ def step_zero3(group, ranks, optimizer_cls, kwargs):
 
 
 SCHEMES = {"DDP": step_ddp, "ZeRO-1": step_zero1, "ZeRO-2": step_zero2, "ZeRO-3 (FSDP)": step_zero3}
+
+
+# ----------------------------------------------------------------------------- 2. Adam, element by element
+def adam_off_one_process(group, rank, world_size):
+    """The share of the lab model's trainable weights more than lr/10 from one process's after the lab's
+    Adam steps: for the lab's ShardedOptimizer under DDP, and for Adam stepping on this rank's batch only, whose
+    moments never see the other ranks' gradients (what a ZeRO-1 built that way would compute)."""
+    lr = solution.ADAM_LR
+
+    def adam(model):
+        return torch.optim.Adam(solution.optimizer_groups(model, lr))
+
+    one = dict(solution.train_replicated(group, rank, adam, world_size).named_parameters())
+    sharded = solution.train_replicated(group, rank, lambda model: solution.ShardedOptimizer(
+        solution.optimizer_groups(model, lr), torch.optim.Adam, process_group=group))
+    alone = solution.build()
+    optimizer = adam(alone)
+    for step in range(solution.STEPS):
+        x, y = solution.batch(step, rank)
+        optimizer.zero_grad()
+        F.mse_loss(alone(x), y).backward()
+        optimizer.step()
+
+    def share_off(model):
+        off = torch.cat([(p.detach() - one[name]).abs().flatten()
+                         for name, p in model.named_parameters() if p.requires_grad])
+        return (off > lr / 10).double().mean().item()
+
+    return {"ShardedOptimizer": share_off(sharded), "Adam on this rank's batch only": share_off(alone)}
 
 
 # ----------------------------------------------------------------------------- 3. what gloo sends
@@ -243,20 +280,25 @@ def operators_dispatched(operation):
 
 
 def step_traffic_and_time(group, steps=6):
-    """Bytes sent and median time of one training step: DDP, DDP + ZeRO-1, fully_shard and the lab's FSDP
-    (6 units each)."""
+    """Bytes sent, collectives launched and median time of one training step: DDP, DDP + ZeRO-1, the ZeRO-2
+    written here, fully_shard and the lab's FSDP (6 units each)."""
     rank = dist.get_rank()
     found = {}
-    for name in ("DDP", "DDP + ZeroRedundancyOptimizer", "fully_shard", "FSDP by hand"):
-        if name == "fully_shard":
+    for name in ("DDP", "DDP + ZeroRedundancyOptimizer", "ZeRO-2 (the demo's)", "fully_shard", "FSDP by hand"):
+        if name == "ZeRO-2 (the demo's)":
+            model = build()
+            optimizer = ZeRO2(model, group, torch.optim.SGD, {"lr": LR})
+        elif name == "fully_shard":
             model = sharded(group)
         elif name == "FSDP by hand":
             model = solution.FSDP(build(), process_group=group)
         else:
             model = DDP(build(), process_group=group)
-        optimizer = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
-                                             process_group=group, lr=LR) if name == "DDP + ZeroRedundancyOptimizer"
-                     else torch.optim.SGD(model.parameters(), lr=LR))
+        if name == "DDP + ZeroRedundancyOptimizer":
+            optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                                process_group=group, lr=LR)
+        elif name != "ZeRO-2 (the demo's)":
+            optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
         def train_step(step=[0]):
             x, y = batch(step[0], rank)
@@ -278,7 +320,8 @@ def step_traffic_and_time(group, steps=6):
             dist.barrier(group=group)
             times.append(time.perf_counter() - began)
         found[name] = {"bytes": sent, "seconds": statistics.median(times), **operators,
-                       "collectives": len(calls), "async collectives": sum(call["async_op"] for call in calls)}
+                       "collectives": len(calls), "async collectives": sum(call["async_op"] for call in calls),
+                       "collective names": sorted({call["name"] for call in calls})}
     return found
 
 
@@ -429,6 +472,7 @@ def main():
     # sections 2 and 4: the lab's ShardedOptimizer and FSDP, on all 3 ranks (its fully_shard reference uses
     # the whole world's mesh)
     handmade = {"optimizer": solution.sharded_optimizer_cases(groups[world_size], rank, world_size)[0],
+                "adam_off": adam_off_one_process(groups[world_size], rank, world_size),
                 "fsdp": solution.fsdp_cases(groups[world_size], rank, world_size)}
     params = sum(p.numel() for p in build().parameters())
     report(parameters=params, handmade=handmade, memory=memory, zero2_peak=zero2_peak, ddp_extra=ddp_extra,
