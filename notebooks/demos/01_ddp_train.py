@@ -9,9 +9,9 @@ of its own, and all three the default group.
      rank on its own block of PER_RANK_BATCH samples; the weights, and for N = 2 the gradients of the
      first step and what a communication hook saw (bytes, calls during backward);
   2. construction: replicas built with different seeds are identical once wrapped (N = 3);
-  3. pitfalls (N = 2): reduction='sum', an unequal last batch (and its exact fix), DistributedSampler's padding,
-     a per-rank DataLoader(drop_last=True) on unequal shares (steps per rank; run under ddp.join()) against
-     DistributedSampler(drop_last=True);
+  3. pitfalls (N = 2): reduction='sum', an unequal last batch (and its exact fix); for the notebook's Appendix F,
+     DistributedSampler's padding, and a per-rank DataLoader(drop_last=True) on unequal shares (steps per rank;
+     run under ddp.join()) against DistributedSampler(drop_last=True);
   4. the order of DDP's averaging without a hook: a float16 gradient that a sum would overflow (N = 2), and
      unequal float16 gradients whose mean DDP rounds (N = 3), against a float16 all_reduce(SUM) then a division;
   5. timing (N = 2): milliseconds per DDP step of a larger TinyNet (CPU figures; the notebook compares);
@@ -83,7 +83,7 @@ def train(group):
         buffer = bucket.buffer()
         seen["bytes"].append(buffer.numel() * buffer.element_size())
         seen["in_backward"].append(seen["in_step"])
-        return default_hooks.allreduce_hook(state, bucket)  # divide by the group's size first, then all_reduce(SUM)
+        return default_hooks.allreduce_hook(state, bucket)  # torch's default hook (the notebook's section 2: its result)
 
     ddp_model.register_comm_hook(group, counting_hook)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=LR)  # each rank steps its own optimizer
@@ -156,8 +156,7 @@ def pitfalls(n=2):
     # 3c. DistributedSampler on 13 samples: it gives every rank the same number of samples.
     sampler = {str(drop): list(DistributedSampler(range(13), num_replicas=n, rank=rank,
                                                    shuffle=False, drop_last=drop)) for drop in (False, True)}
-    print(f"pitfalls: block {uneven} of a {uneven_total}-sample global batch; DistributedSampler on 13 "
-          f"samples gives {sampler['False']} (drop_last=False), {sampler['True']} (drop_last=True)")
+    print(f"pitfalls: block {uneven} of a {uneven_total}-sample global batch")  # not the sampler: notebook 05 asks
     report(sum_grads=sum_grads, uneven=uneven, uneven_grads=uneven_grads, fixed_grads=fixed_grads,
            sampler=sampler)
 
@@ -165,7 +164,8 @@ def pitfalls(n=2):
 def short_last_batch(samples=14):
     """14 samples in global batches of 2 x B: rank 0 holds 0..3, 8..11; rank 1 holds 4..7, 12..13 (its last block
     is short). Steps per rank with a per-rank DataLoader(drop_last=True), run inside ddp.join() (without it, the
-    rank with one step more would wait for a partner in its all-reduce), and with DistributedSampler(drop_last=True)."""
+    next collective of the rank with one step more, its forward's broadcast of the rebuilt bucket order, would
+    have no partner), and with DistributedSampler(drop_last=True)."""
     mine = [i for start in range(0, samples, 2 * PER_RANK_BATCH) for i in block(start, rank, PER_RANK_BATCH) if i < samples]
     loaders = {
         "per_rank": DataLoader(TensorDataset(torch.tensor(mine)), batch_size=PER_RANK_BATCH, drop_last=True),
