@@ -41,7 +41,8 @@ WARMUP_ROWS = 8    # rows per BatchNorm warm-up batch: gives each rank its own r
 def broadcast_module_(module, src):
     """Copy rank `src`'s parameters and buffers into `module` on every rank, in place.
 
-    The tensors stay the same objects (an optimizer built before keeps pointing at them).
+    The tensors stay the same objects (an optimizer built before keeps pointing at them), and autograd does
+    not record the copy: it is no step of the model, and a later backward must not go through it.
     """
     # TODO 1: every rank must end with src's values in the tensors it already holds (the module
     #         keeps pointing at them): the learned values and the running statistics

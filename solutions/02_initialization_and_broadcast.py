@@ -35,15 +35,19 @@ WARMUP_ROWS = 8    # rows per BatchNorm warm-up batch: gives each rank its own r
 def broadcast_module_(module, src):
     """Copy rank `src`'s parameters and buffers into `module` on every rank, in place.
 
-    The tensors stay the same objects (an optimizer built before keeps pointing at them).
+    The tensors stay the same objects (an optimizer built before keeps pointing at them), and autograd does
+    not record the copy: it is no step of the model, and a later backward must not go through it.
     """
     ### BEGIN SOLUTION
     ### HINT 1: every rank must end with src's values in the tensors it already holds (the module keeps
     ### HINT 1: pointing at them): the learned values and the running statistics
     ### HINT 2: module.parameters(), module.buffers(), dist.broadcast(tensor, src=src) (it writes into the
-    ### HINT 2: tensor it is given; autograd does not record it, so no torch.no_grad() is needed)
-    for tensor in list(module.parameters()) + list(module.buffers()):
-        dist.broadcast(tensor, src=src)
+    ### HINT 2: tensor it is given), all under torch.no_grad(): c10d::broadcast_ has no autograd kernel, so
+    ### HINT 2: with grad mode on autograd records it anyway, and every later backward warns that its
+    ### HINT 2: behaviour may be silently incorrect
+    with torch.no_grad():  # a copy into the parameters, not a step of the model: autograd must not record it
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor, src=src)
     ### END SOLUTION
 
 

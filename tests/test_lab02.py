@@ -2,12 +2,15 @@
 
 Each mutant combines mistakes that different checks catch, so three launches cover the four mistakes the
 issue lists (parameters only, broadcast_object_list, a fixed source rank, unsharded data) and three more
-(a sampler seeded per rank, an all-reduce instead of a broadcast, an unshuffled sampler)."""
+(a sampler seeded per rank, an all-reduce instead of a broadcast, an unshuffled sampler); a fourth launch
+drops the solution's torch.no_grad(), which only torch's warning in the training's backward shows."""
 from helpers import detail, wrong_version
 
 LAB = "02_initialization_and_broadcast.py"
-LOOP = ("    for tensor in list(module.parameters()) + list(module.buffers()):\n"
-        "        dist.broadcast(tensor, src=src)")
+NO_GRAD = ("    with torch.no_grad():  # a copy into the parameters, not a step of the model: "
+           "autograd must not record it\n")
+LOOP = ("        for tensor in list(module.parameters()) + list(module.buffers()):\n"
+        "            dist.broadcast(tensor, src=src)")
 SAMPLER = "sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED)"
 
 
@@ -31,8 +34,8 @@ def test_lab02_parameters_only_fixed_source_rank_and_unsharded_data(report):
 
 
 @wrong_version(LAB,
-               (LOOP, "    tensors = [t.data for t in list(module.parameters()) + list(module.buffers())]\n"
-                      "    dist.broadcast_object_list(tensors, src=src)"),
+               (LOOP, "        tensors = [t.data for t in list(module.parameters()) + list(module.buffers())]\n"
+                      "        dist.broadcast_object_list(tensors, src=src)"),
                (SAMPLER, SAMPLER.replace("seed=SEED", "seed=SEED + rank")), nproc=2)
 def test_lab02_broadcast_object_list_and_sampler_seeded_per_rank(report):
     values = detail(report, "src's parameters")
@@ -60,3 +63,13 @@ def test_lab02_all_reduce_instead_of_broadcast_and_unshuffled_sampler(report):
     assert not trained.passed and "must hold rank 0's values unchanged" in trained.detail
     data = detail(report, "own shard")
     assert not data.passed and "shuffle=True" in data.detail and "other batches" in data.detail
+
+
+@wrong_version(LAB, (NO_GRAD + LOOP, "\n".join(line[4:] for line in LOOP.splitlines())), nproc=2)
+def test_lab02_broadcast_recorded_by_autograd(report):
+    autograd = detail(report, "not recorded by autograd")
+    assert not autograd.passed and "ranks [0, 1]" in autograd.detail
+    assert "c10d::broadcast_: an autograd kernel was not registered" in autograd.detail
+    assert "with torch.no_grad():" in autograd.detail and "tensor.detach()" in autograd.detail
+    # the values are right: only the warning tells this version from the solution
+    assert [c.name for c in report.failures] == [autograd.name]

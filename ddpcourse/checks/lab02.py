@@ -1,9 +1,12 @@
 """Checks for lab 02 (initialization and broadcast): every src's values reach every rank, buffers too, in
-place; the DDP run that follows (init_sync=False: only the lab's broadcast makes the start equal) starts
-identical, reads the shards DistributedSampler gives and ends with the data-parallel run's weights.
+place, with autograd left out; the DDP run that follows (init_sync=False: only the lab's broadcast makes the
+start equal) starts identical, reads the shards DistributedSampler gives and ends with the data-parallel run's
+weights.
 
 The expected values are rebuilt here (the lab's differently_started, replayed), not taken from the lab.
 """
+import re
+
 import torch
 import torch.nn as nn
 from torch.utils.data import DistributedSampler
@@ -14,6 +17,9 @@ from ddpcourse.toy import build_model, make_dataset
 NPROCS = (1, 2, 3)
 # The lab's config, repeated: the check must not trust the learner's file for what is expected.
 SEED, LR, WARMUP_ROWS, BATCH_SIZE = 0, 0.1, 8, 8
+# What torch's autograd fallback warns (torch 2.13, autograd_not_implemented_fallback.cpp) when a backward
+# reaches an op with no autograd kernel, such as c10d::broadcast_ run into a parameter with grad mode on.
+NO_AUTOGRAD_KERNEL = re.compile(r"(\S+): an autograd kernel was not registered to the Autograd key")
 
 
 def started_state(rank):
@@ -72,6 +78,22 @@ def _broadcast_checks(run, world):
               "Write into the existing tensors: dist.broadcast(tensor, src) works in place." if object_problems else ""),
     ]
     return found
+
+
+def _autograd_check(run):
+    """The lab's DDP training backpropagates through the parameters broadcast_module_ wrote: had autograd
+    recorded that broadcast, torch warns there, on the rank that ran the backward."""
+    warned = {rank: NO_AUTOGRAD_KERNEL.search(" ".join(lines)) for rank, lines in sorted(run.output.items())}
+    warned = {rank: found.group(1) for rank, found in warned.items() if found}
+    problem = ""
+    if warned:
+        ops = ", ".join(dict.fromkeys(warned.values()))
+        problem = (f"ranks {list(warned)}: the DDP training's backward warned \"{ops}: an autograd kernel was not "
+                   "registered ... This may lead to silently incorrect behavior\". broadcast_module_ wrote into "
+                   "parameters with grad mode on, so autograd recorded the broadcast, which it cannot "
+                   "differentiate. Broadcast under `with torch.no_grad():` (or broadcast tensor.detach()).")
+    return Check("broadcast_module_ is not recorded by autograd (no backward warns of an op without an autograd "
+                 "kernel)", not problem, problem)
 
 
 def _replay(batches, world):
@@ -142,7 +164,7 @@ def _training_checks(run, world):
 
 def checks(run):
     world = run.nproc
-    return _broadcast_checks(run, world) + _training_checks(run, world)
+    return _broadcast_checks(run, world) + [_autograd_check(run)] + _training_checks(run, world)
 
 
 LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS)
