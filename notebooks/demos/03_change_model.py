@@ -1,4 +1,5 @@
-"""Demo for notebook 03, sections 2 and 3: adding a layer, freezing and unfreezing, after DDP wrapped the model.
+"""Demo for notebook 03, sections 2 and 3 and Appendices B-D: adding a layer, freezing and unfreezing, after
+DDP wrapped the model.
 
 Every scenario trains a fresh DDP(TinyNet) for a few steps, changes the model, trains again and reports
 what compare_replicas says. Most of them raise no error: that is the point. Where one does (a layer
@@ -73,7 +74,8 @@ def counting_allreduce(calls):
 
 
 def grow_on_rank0_only():
-    """The pattern of the source's example 2: rank 0 alone adds and initialises a layer, the ranks then send it.
+    """Example 2 of the blog post that section 5 tests: rank 0 alone adds and initialises a layer, the ranks
+    then send it.
 
     Each rank first looks the new layer up, and the ranks agree (one all_reduce) before broadcasting."""
     model = DDP(build_model(SEED).to(device))

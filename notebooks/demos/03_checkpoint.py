@@ -52,6 +52,7 @@ def save_atomically(state, path, crash_after=None):
     path = Path(path)
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as file:
+        # CrashAfter simulates a crash in the middle of the write (Appendix E)
         torch.save(state, CrashAfter(file, crash_after) if crash_after else file)
         file.flush()
         os.fsync(file.fileno())  # the bytes are on disk before the name points at them

@@ -1,7 +1,8 @@
-"""Demo for notebook 03, section 1: editing parameter values of a model already wrapped in DDP.
+"""Demo for notebook 03, section 1 and Appendix A: editing parameter values of a model already wrapped in DDP.
 
 Each scenario starts from a fresh DDP(TinyNet), edits the output bias after wrapping, trains a few steps
-and reports what compare_replicas says. Then BatchNorm buffers, in eval mode and in train mode.
+and reports what compare_replicas says. Then BatchNorm buffers: an edit in eval mode (section 1); which
+forwards copy them, and train mode (Appendix A).
 
 python -m ddpcourse run notebooks/demos/03_edit_values.py --nproc 2
 """

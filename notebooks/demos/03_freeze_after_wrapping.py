@@ -32,7 +32,8 @@ model.module.fc1.requires_grad_(False)  # freeze the first layer of the live DDP
 step(2)  # fc1 gets no gradient, so DDP's reduction never completes: no gradient is averaged
 found = compare_replicas(model)
 print("after step 2:", found)
-buckets = model.reducer._get_zeros_like_grad_buckets()  # one per bucket, as DDP now has them
+# for Appendix C, read from DDP's private attributes: the buckets it now has, and whether step 2 rebuilt them
+buckets = model.reducer._get_zeros_like_grad_buckets()  # one per bucket
 report(after_step_2=[d.name for d in found.differences], rebuilt_in_step_2=model._has_rebuilt_buckets,
        bucket_bytes=[bucket.buffer().numel() * bucket.buffer().element_size() for bucket in buckets])
 step(3)  # the next forward finds the previous reduction unfinished and raises

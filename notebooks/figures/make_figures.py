@@ -146,12 +146,12 @@ def ddp_registration():
              text(400, 134, "registered parameters, bucket by bucket", 12, anchor="start"),
              arrow(350, 57, 388, 57),
              box(20, 156, 700, 34, "after construction, DDP never looks again at", fill="#fdecea", stroke="#C44E52", bold=True),
-             text(30, 212, "a value edited on one rank: never re-synced", 12, anchor="start"),
+             text(30, 212, "a parameter value edited on one rank: never re-synced", 12, anchor="start"),
              text(30, 232, "a layer added later: its gradients are never averaged", 12, anchor="start"),
              text(390, 212, "requires_grad turned off: reduction never finishes", 12, anchor="start"),
              text(390, 232, "requires_grad turned on: its gradients stay local", 12, anchor="start"),
              text(370, 262, "values: edit every rank alike, or broadcast;  structure: change every rank, "
-                            "new DDP, optimizer.add_param_group", 11, bold=True)]
+                            "new DDP, new optimizer", 11, bold=True)]
     return svg(740, 276, "".join(parts))
 
 
