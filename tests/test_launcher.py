@@ -479,7 +479,7 @@ def test_a_rank_that_vanished_is_the_root_cause_not_the_peer_it_left():
     failure = diagnosis.root_cause({0: peer, 1: _events("started", "ready")}, 2, {1: 3, 0: -15}, "lab.py")
     assert (failure.rank, failure.kind, failure.exitcode) == (1, "exit", 3)
     assert "rank 1 exited with code 3 without a Python exception" in failure.message
-    assert failure.kind in diagnosis.KINDS
+    assert failure.kind in set(diagnosis.FailureKind)
 
 
 def test_a_rank_that_returned_early_explains_its_peers_failed_collective():
@@ -514,7 +514,7 @@ def test_a_partial_event_line_never_crashes_the_reader(tmp_path):
         f.write(whole[17:].replace('"x": 1', '"x": 2') + "\n" + '{"event": "rep')  # then a rank killed mid-write
     assert reader.reports(0) == {"x": 1} and [e["values"] for _, e in reader.poll()] == [{"x": 2}]
     reader.close()
-    assert reader.reports(0) == {"x": 2} and reader.damaged == 1
+    assert reader.reports(0) == {"x": 2} and len(reader.events(0)) == 2  # the cut line was dropped
 
 
 def test_threads_divide_the_usable_cores_unless_the_user_chose(monkeypatch, tmp_path):

@@ -445,12 +445,13 @@ def test_doctor_red_localhost_line_and_its_fix(monkeypatch):
     assert "fix: add '127.0.0.1 localhost' to /etc/hosts" in text and "add `127.0.0.1 localhost` to `/etc/hosts`" in doc
 
 
-def test_todos_one_at_a_time_versus_status(tmp_path):
-    """A run stops at the first open TODO; status lists them all, without a launch."""
+def test_todos_one_at_a_time_versus_status(tmp_path, monkeypatch):
+    """A run stops at the first open TODO; status lists them all, without a launch (no process started)."""
     labs = tmp_path / "labs"
     make_labs(labs_dir=labs, out=io.StringIO())
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail(f"status started a process: {a[:1]}"))
     status = collect_status(labs, say=print).row("00")
-    assert status.todos == [1, 2, 3] and status.launched is False
+    assert status.todos == [1, 2, 3]
     assert "`python -m ddpcourse status` lists every open TODO of every lab at once **tested**" in row(
         "is not done yet (line L)")
 

@@ -7,13 +7,25 @@ consequence of a peer going away (gloo says so in its message).
 import re
 import signal
 from dataclasses import dataclass
+from enum import Enum
 
-from ddpcourse.launch.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED
+from ddpcourse.launch.events import ENDINGS, EXCEPTION, EXIT, FINISHED, INTERRUPTED
 
-# RankFailure.kind
-EXCEPTION_KIND, EXIT_KIND, SIGNAL, TODO, TIMEOUT, OPEN_PROCESS_GROUP = (
-    "exception", "exit", "signal", "todo", "timeout", "open_process_group")
-KINDS = (EXCEPTION_KIND, EXIT_KIND, SIGNAL, TODO, TIMEOUT, OPEN_PROCESS_GROUP)
+class FailureKind(str, Enum):
+    """Why a run failed (RankFailure.kind): the one vocabulary the printer and the checks switch on."""
+    EXCEPTION = "exception"                    # a Python exception in a rank (a syntax error too)
+    EXIT = "exit"                              # sys.exit(non-zero), or an exit code without an exception
+    SIGNAL = "signal"                          # a rank killed by a signal
+    TODO = "todo"                              # a lab's TODO still raising NotImplementedError
+    TIMEOUT = "timeout"                        # not finished within the timeout after every rank was ready
+    STARTUP_TIMEOUT = "startup_timeout"        # the ranks did not get ready within the start-up limit
+    OPEN_PROCESS_GROUP = "open_process_group"  # the script ended without destroy_process_group()
+
+    __str__ = str.__str__
+
+
+EXCEPTION_KIND, EXIT_KIND, SIGNAL, TODO = FailureKind.EXCEPTION, FailureKind.EXIT, FailureKind.SIGNAL, FailureKind.TODO
+TIMEOUT, STARTUP_TIMEOUT, OPEN_PROCESS_GROUP = FailureKind.TIMEOUT, FailureKind.STARTUP_TIMEOUT, FailureKind.OPEN_PROCESS_GROUP
 # Errors a rank gets *because another rank went away*: never the root cause while another rank has one.
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                        r"ECONNRESET|Socket Timeout|Connection refused|recvBytes", re.I)
@@ -23,7 +35,7 @@ PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Brok
 class RankFailure:
     """Why a run failed: the root-cause ``rank`` and what happened to it.
 
-    kind: one of KINDS. exitcode: that rank's exit code (negative: killed by that signal), None if unknown.
+    kind: a FailureKind. exitcode: that rank's exit code (negative: killed by that signal), None if unknown.
     todo: the TODO number when kind is "todo". message: one line a learner can act on. details: the
     traceback or the peers' errors, formatted. error: "Type: first line" of the exception, if any.
     hint: the TODO's hint, if any."""
@@ -35,6 +47,24 @@ class RankFailure:
     details: str = ""
     error: str = ""
     hint: str = ""
+
+
+def not_runnable(display_file, exists, syntax):
+    """The script does not exist or does not compile (``syntax``: the formatted error): found before a launch."""
+    what = "does not exist" if not exists else "has a syntax error"
+    return RankFailure(0, EXCEPTION_KIND, message=f"{display_file} {what}", details=syntax,
+                       error=syntax.strip().splitlines()[-1])
+
+
+def timed_out(events, world_size, display_file, timeout, started, startup_limit):
+    """The run ran out of time: a hang once every rank was ready (``started``), or a start-up that did not
+    end within ``startup_limit``. Named after the first rank still running (events: {rank: [event, ...]})."""
+    running = [r for r in range(world_size) if not any(e["event"] in ENDINGS for e in events.get(r, []))] or [0]
+    if started:
+        return RankFailure(running[0], TIMEOUT,
+                           message=f"{display_file} did not finish within {timeout:g} s of every rank being ready")
+    return RankFailure(running[0], STARTUP_TIMEOUT,
+                       message=f"{display_file}: the ranks did not start within {startup_limit:g} s")
 
 
 def describe_exit(code):

@@ -18,12 +18,29 @@ This module never imports torch: the launcher process imports it too.
 import json
 import os
 import time
+from enum import Enum
 from pathlib import Path
 
 from ddpcourse.launch.spec import current_spec
 
-STARTED, READY, REPORT, WROTE = "started", "ready", "report", "wrote"
-EXCEPTION, EXIT, FINISHED, INTERRUPTED = "exception", "exit", "finished", "interrupted"
+class EventKind(str, Enum):
+    """What one line of a rank's event file records (the table above). A str, so a line read back as JSON
+    compares equal to its kind."""
+    STARTED = "started"
+    READY = "ready"
+    REPORT = "report"
+    WROTE = "wrote"
+    EXCEPTION = "exception"
+    EXIT = "exit"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+
+    __str__ = str.__str__
+
+
+# Module names for the kinds, as the writers (rank, report(), observers) and readers use them.
+STARTED, READY, REPORT, WROTE = EventKind.STARTED, EventKind.READY, EventKind.REPORT, EventKind.WROTE
+EXCEPTION, EXIT, FINISHED, INTERRUPTED = EventKind.EXCEPTION, EventKind.EXIT, EventKind.FINISHED, EventKind.INTERRUPTED
 ENDINGS = (EXCEPTION, EXIT, FINISHED, INTERRUPTED)
 SERVE_STORE = "--serve-store"  # the agent option of the one agent that serves a multi-node run's store
 
@@ -90,13 +107,12 @@ class EventReader:
 
     ``events(rank)`` is that rank's latest attempt: a rank restarted by torchrun starts a new history.
     A line cut short (read mid-write, or its rank killed while writing) is never parsed; at the end of a
-    run such a remainder is dropped and counted in ``damaged``.
+    run such a remainder is dropped.
     """
 
     def __init__(self, run_dir):
         self.files = RankFiles(run_dir, ".events")
         self.rows = {}
-        self.damaged = 0
 
     def poll(self):
         """Read what was appended since the last call; returns the new events as (rank, event)."""
@@ -105,7 +121,6 @@ class EventReader:
             try:
                 event = json.loads(line)
             except ValueError:  # not one of ours (a damaged line): skip it, never crash
-                self.damaged += 1
                 continue
             if event.get("event") == STARTED:
                 self.rows[rank] = []
@@ -116,7 +131,7 @@ class EventReader:
     def close(self):
         """The final read: complete lines only; a partial last line is dropped."""
         self.poll()
-        self.damaged += len(self.files.remainders())
+        self.files.remainders()
 
     def events(self, rank):
         return self.rows.get(rank, [])

@@ -157,106 +157,149 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
     shown = display_path(lab_file)
     start = time.monotonic()
     result = RunResult(file=str(lab_file), nproc=nproc, returncode=0, duration=0.0, nnodes=nnodes)
-    world = nproc * nnodes
     syntax = _syntax_error(lab_file)
     if syntax:  # no need to start N interpreters to find this
         result.returncode = 1
-        what = "does not exist" if not lab_file.exists() else "has a syntax error"
-        result.failure = RankFailure(0, diagnosis.EXCEPTION_KIND, message=f"{shown} {what}",
-                                     details=syntax, error=syntax.strip().splitlines()[-1])
-        result.message = verdict(result, shown)
-        if show != "none":
-            print(result.message, flush=True)
-        return result
+        result.failure = diagnosis.not_runnable(shown, lab_file.exists(), syntax)
+        return _say_verdict(result, shown, show)
 
+    world = nproc * nnodes
     printer = RunPrinter(show, world, shown, timeout, live_view=live_view)
     with tempfile.TemporaryDirectory(prefix="ddpcourse-run-") as run_dir:
         spec = RunSpec(str(lab_file), tuple(map(str, args)), run_dir, os.getpid(), observer, observer_options or {})
         result.run_id = spec.path
-        environ = build_env(world, spec.save(), env)
-        logs = _RankLogs(run_dir)
-        events = EventReader(run_dir)
-        output = {rank: [] for rank in range(world)}
-        rank_args = [str(lab_file), *args]
-        if nnodes == 1:
-            commands = [build_command(nproc, rank_args, torchrun_args)]
-        else:
-            port = _free_port()
-            commands = [build_command(nproc, rank_args, torchrun_args, (port, os.path.basename(run_dir), nnodes,
-                                                                        node == 0)) for node in range(nnodes)]
-        procs = [subprocess.Popen(
-            command, env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=(os.name != "nt"),
-            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)) for command in commands]
+        agents = _Agents(_commands(lab_file, args, nproc, nnodes, torchrun_args, run_dir),
+                         build_env(world, spec.save(), env))
         result.launched = True
-        agent_chunks = [[] for _ in procs]
-        readers = [threading.Thread(target=lambda p=p, c=c: c.extend(iter(p.stdout.readline, b"")), daemon=True)
-                   for p, c in zip(procs, agent_chunks)]
-        for reader in readers:
-            reader.start()
-
-        def drain(lines):
-            for rank, text in lines:
-                output.setdefault(rank, []).append(text)
-                printer.line(rank, text)
-
-        ready, deadline, all_ready_at = set(), start + STARTUP_TIMEOUT, None
+        ranks = _RankWatch(run_dir, world, printer)
         try:
-            while any(proc.poll() is None for proc in procs):
-                drain(logs.poll())
-                for rank, event in events.poll():
-                    if event["event"] == READY and rank not in ready:
-                        ready.add(rank)
-                        if len(ready) == world:  # the run's own clock starts now
-                            all_ready_at = time.monotonic()
-                            deadline = all_ready_at + timeout
-                now = time.monotonic()
-                if now > deadline:
-                    result.timed_out = True
-                    result.stacks = _stacks(run_dir, events, lab_file)
-                    break
-                # the view shows the clock the timeout counts: from the moment every rank is ready
-                printer.tick(now - start, None if all_ready_at is None else now - all_ready_at, ready)
-                try:
-                    running = next(proc for proc in procs if proc.poll() is None)
-                    running.wait(timeout=max(0.01, min(POLL_SECONDS, deadline - now)))
-                except (subprocess.TimeoutExpired, StopIteration):
-                    pass
+            _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir)
         except KeyboardInterrupt:
             result.interrupted = True
-            result.stacks = _stacks(run_dir, events, lab_file, wait=1.0)  # where were they? then stop them
-            kill_run(procs, spec.path)
-            printer.finish(output)
-            print(f"Interrupted: every process of this run of {shown} was stopped. "  # even if quiet
-                  f"Where each rank was (most recent call first):\n{_stacks_text(result)}", flush=True)
-            raise RunInterrupted("Where each rank was is printed above.") from None
+            result.stacks = _stacks(run_dir, ranks.events, lab_file, wait=1.0)  # where were they? then stop them
         finally:
-            kill_run(procs, spec.path)  # also ends grandchildren a finished run left behind
-            for reader in readers:
-                reader.join(timeout=5)
-            drain(logs.flush())
-            events.close()
+            kill_run(agents.procs, spec.path)  # also ends grandchildren a finished run left behind
+            agents.join()
+            ranks.close()
             exit_codes = _agent_exit_codes(run_dir)
 
     result.duration = time.monotonic() - start
-    result.returncode = 124 if result.timed_out else next((p.returncode for p in procs if p.returncode), 0)
-    result.output = output
-    result.agent_output = "\n".join(b"".join(chunks).decode("utf-8", "replace") for chunks in agent_chunks)
+    result.output = ranks.output
+    printer.finish(ranks.output)
+    if result.interrupted:
+        print(f"Interrupted: every process of this run of {shown} was stopped. "  # even if quiet
+              f"Where each rank was (most recent call first):\n{_stacks_text(result)}", flush=True)
+        raise RunInterrupted("Where each rank was is printed above.") from None
+    _judge(result, agents, ranks, exit_codes, shown, timeout)
+    return _say_verdict(result, shown, show)
+
+
+def _commands(lab_file, args, nproc, nnodes, torchrun_args, run_dir):
+    """One torchrun command per "node"; several meet through a c10d rendezvous on a free loopback port."""
+    rank_args = [str(lab_file), *args]
+    if nnodes == 1:
+        return [build_command(nproc, rank_args, torchrun_args)]
+    port = _free_port()
+    return [build_command(nproc, rank_args, torchrun_args, (port, os.path.basename(run_dir), nnodes, node == 0))
+            for node in range(nnodes)]
+
+
+class _Agents:
+    """The run's torchrun agents, each in a session of its own (so the stop button reaches only this
+    process, which then ends the whole tree), their output read by a thread each."""
+
+    def __init__(self, commands, environ):
+        self.procs = [subprocess.Popen(
+            command, env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=(os.name != "nt"),
+            creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)) for command in commands]
+        self.chunks = [[] for _ in self.procs]
+        self.readers = [threading.Thread(target=lambda p=p, c=c: c.extend(iter(p.stdout.readline, b"")), daemon=True)
+                        for p, c in zip(self.procs, self.chunks)]
+        for reader in self.readers:
+            reader.start()
+
+    def running(self):
+        return [proc for proc in self.procs if proc.poll() is None]
+
+    def join(self):
+        for reader in self.readers:
+            reader.join(timeout=5)
+
+    def output(self):
+        return "\n".join(b"".join(chunks).decode("utf-8", "replace") for chunks in self.chunks)
+
+    def returncode(self):
+        return next((proc.returncode for proc in self.procs if proc.returncode), 0)
+
+
+class _RankWatch:
+    """What the ranks write as the run goes: their output lines (to the printer as they come) and their
+    events (which ranks are ready)."""
+
+    def __init__(self, run_dir, world, printer):
+        self.logs, self.events, self.printer = _RankLogs(run_dir), EventReader(run_dir), printer
+        self.output = {rank: [] for rank in range(world)}
+        self.ready = set()
+
+    def poll(self):
+        """Read what is new; returns True when the last rank has just become ready."""
+        self._show(self.logs.poll())
+        before = len(self.ready)
+        self.ready.update(rank for rank, event in self.events.poll() if event["event"] == READY)
+        return len(self.ready) == len(self.output) > before
+
+    def _show(self, lines):
+        for rank, text in lines:
+            self.output.setdefault(rank, []).append(text)
+            self.printer.line(rank, text)
+
+    def close(self):
+        self._show(self.logs.flush())
+        self.events.close()
+
+
+def _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir):
+    """Until every agent has ended, or the start-up limit or (once every rank is ready) the timeout runs out;
+    on a timeout, record where each rank was. The agents are stopped by the caller either way."""
+    deadline, all_ready_at = start + STARTUP_TIMEOUT, None
+    while agents.running():
+        if ranks.poll():  # the run's own clock starts now
+            all_ready_at = time.monotonic()
+            deadline = all_ready_at + timeout
+        now = time.monotonic()
+        if now > deadline:
+            result.timed_out = True
+            result.stacks = _stacks(run_dir, ranks.events, lab_file)
+            return
+        # the view shows the clock the timeout counts: from the moment every rank is ready
+        printer.tick(now - start, None if all_ready_at is None else now - all_ready_at, ranks.ready)
+        try:
+            agents.running()[0].wait(timeout=max(0.01, min(POLL_SECONDS, deadline - now)))
+        except (subprocess.TimeoutExpired, IndexError):
+            pass
+
+
+def _judge(result, agents, ranks, exit_codes, shown, timeout):
+    """The run's outcome from structured evidence: exit codes, each rank's events and reports."""
+    world = len(ranks.output)
+    result.returncode = 124 if result.timed_out else agents.returncode()
+    result.agent_output = agents.output()
+    by_rank = {rank: ranks.events.events(rank) for rank in range(world)}
     for rank in range(world):
-        result.reports[rank] = events.reports(rank)
-        result.writes[rank] = [e["path"] for e in events.events(rank) if e["event"] == WROTE]
-    by_rank = {rank: events.events(rank) for rank in range(world)}
+        result.reports[rank] = ranks.events.reports(rank)
+        result.writes[rank] = [e["path"] for e in by_rank[rank] if e["event"] == WROTE]
     if result.timed_out:
-        running = [r for r in range(world) if not any(e["event"] in ENDINGS for e in by_rank[r])] or [0]
-        result.failure = RankFailure(running[0], diagnosis.TIMEOUT, message=(
-            f"{shown} did not finish within {timeout:g} s of every rank being ready"
-            if len(ready) == world else f"{shown}: the ranks did not start within {STARTUP_TIMEOUT:g} s"))
-    elif not result.interrupted:
-        result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown)
-        result.aborted_at_exit = diagnosis.aborted_after_finishing(by_rank, world, exit_codes)
-        if result.aborted_at_exit:  # torch's exit race, after a complete run: see aborted_after_finishing
-            result.returncode = 0
-    printer.finish(output)
+        result.failure = diagnosis.timed_out(by_rank, world, shown, timeout, len(ranks.ready) == world,
+                                             STARTUP_TIMEOUT)
+        return
+    result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown)
+    result.aborted_at_exit = diagnosis.aborted_after_finishing(by_rank, world, exit_codes)
+    if result.aborted_at_exit:  # torch's exit race, after a complete run: see aborted_after_finishing
+        result.returncode = 0
+
+
+def _say_verdict(result, shown, show):
     result.message = verdict(result, shown)
     if show != "none":
         print(result.message, flush=True)

@@ -5,6 +5,7 @@ lines grouped by rank, so a cell's permanent output is the same on every run.
 """
 import sys
 
+from ddpcourse.launch.diagnosis import FailureKind
 from ddpcourse.launch.stacks import stacks_text
 
 
@@ -63,7 +64,7 @@ def verdict(result, shown):
         return text
     if result.timed_out:
         why = result.failure.message if result.failure else ""
-        if "did not start" in why:  # a start-up that ran out of time is no hang: say which limit ran out
+        if result.failure and result.failure.kind == FailureKind.STARTUP_TIMEOUT:  # no hang: say which limit ran out
             return "\n".join([f"TIMEOUT: {why} (stopped after {result.duration:.1f} s); all its processes were killed. "
                               "Where each rank was (most recent call first):",
                               stacks_text(result.stacks, result.world_size),

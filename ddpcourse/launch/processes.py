@@ -132,16 +132,16 @@ def end_own_tree():
     os._exit(1)  # nobody is left to read anything this process would still do
 
 
-def watch_parent(on_orphan=end_own_tree, interval=WATCH_INTERVAL):
-    """Call ``on_orphan`` (in a daemon thread) as soon as this process's parent is gone.
+def watch_parent():
+    """End this process and its tree (end_own_tree, from a daemon thread) as soon as its parent is gone.
 
     Portable: a process whose parent died is re-parented, so its parent pid changes (no prctl needed)."""
     parent = os.getppid()
 
     def watch():
         while os.getppid() == parent:
-            time.sleep(interval)
-        on_orphan()
+            time.sleep(WATCH_INTERVAL)
+        end_own_tree()
 
     threading.Thread(target=watch, name="ddpcourse-watchdog", daemon=True).start()
 
