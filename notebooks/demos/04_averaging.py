@@ -4,9 +4,11 @@ PeriodicModelAverager, and broadcasting rank 0's weights (per tensor and flatten
 python -m ddpcourse run notebooks/demos/04_averaging.py --nproc 2
 """
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
@@ -191,19 +193,38 @@ moved = sorted(name for name, t in list(replica.named_parameters()) + list(repli
                if not torch.equal(t, before[name]))
 print(f"only rank 0 ran a forward, then broadcast: tensors that changed on this rank: {moved}")
 
-# "Gradients computed by a separate process": a process receives values, never the autograd graph.
-out = build_model(seed=0)(my_batch(0)[0])  # requires grad on every rank
-received = out.detach().clone()  # a collective writes plain values into a tensor
-dist.broadcast(received, src=0)
-try:
-    F.mse_loss(received, my_batch(0)[1]).backward()
-    received_backward = ""
-except RuntimeError as error:
-    received_backward = f"RuntimeError: {error}"
+# "Gradients computed by a separate process": rank 1 takes rank 0's output and runs backward on a loss of
+# it. Rank 0's weights produced those values, rank 1's did not, so the true gradient reaches rank 0 only.
+def backward_through(send):
+    """This rank's (weight gradient's abs sum, warnings) after rank 1's loss on rank 0's output, sent by `send`."""
+    net = build_model(seed=0)  # identical replicas; each rank's forward runs on its own batch
+    x, y = my_batch(0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        received = send(net(x))
+        # every rank calls backward (a differentiable collective's backward is a collective too); only rank 1's
+        # loss counts
+        (F.mse_loss(received, y) if rank == 1 else 0 * received.sum()).backward()
+    return {"grad": float(sum(p.grad.abs().sum() for p in net.parameters())),
+            "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}
+
+
+def plain_broadcast(out):
+    dist.broadcast(out, src=0)  # writes rank 0's values into this rank's output, in place
+    return out
+
+
+# torch.distributed.nn.functional: collectives with a backward; broadcast's sends the gradient back to the source
+broadcast_backward = {"dist.broadcast": backward_through(plain_broadcast),
+                      "torch.distributed.nn.functional.broadcast": backward_through(
+                          lambda out: torch.distributed.nn.functional.broadcast(out, 0))}
 import torch.distributed.autograd  # noqa: E402  cross-process autograd exists, for the RPC framework
 import torch.distributed.rpc as rpc  # noqa: E402
-print(f"backward through rank 0's output received by broadcast -> {received_backward}")
-report(rank0_forward_moved=moved, received_backward=received_backward,
+for how, result in broadcast_backward.items():
+    print(f"rank 1's backward on rank 0's output received by {how}: this rank's weight gradient "
+          f"{'none' if result['grad'] == 0.0 else 'non-zero'}; warnings "
+          f"{[w.split('. This behavior')[0] for w in result['warnings']]}")
+report(rank0_forward_moved=moved, broadcast_backward=broadcast_backward,
        distributed_autograd=hasattr(torch.distributed.autograd, "backward") and rpc.is_available())
 
 # ---- 3. broadcasting rank 0's weights -----------------------------------------------------------------
