@@ -23,7 +23,9 @@ WARMUP_BATCH = 8    # rows per BatchNorm warm-up batch (makes the buffers differ
 
 # 1. Seeds decide the initial weights, wherever the model is built.
 built_before_init = build_model(seed=SEED)  # no process group exists yet
+torch.manual_seed(SEED)  # seeded before the group exists, built after it, NOT seeded again in between:
 rank, world_size, device = init_distributed()
+seeded_before_init_built_after = TinyNet()  # ...equal to build_model(SEED) only if the group drew no numbers
 built_after_init = build_model(seed=SEED)
 seeded_by_rank = build_model(seed=SEED + rank)
 
@@ -38,9 +40,11 @@ seeds = {"built_before_init": compare_replicas(built_before_init),
          "extra_draw_on_rank0": compare_replicas(extra_draw_on_rank0)}
 for name, result in seeds.items():
     print(f"{name:20s} {result}")
-same_as_before_init = all(torch.equal(a, b) for a, b in zip(built_before_init.state_dict().values(),
-                                                               built_after_init.state_dict().values()))
-report(seeds={name: r.as_dict() for name, r in seeds.items()}, same_before_and_after_init=same_as_before_init)
+# build_model seeds itself: this compares what creating the group left in the generator with a fresh seed
+init_draws_nothing = all(torch.equal(a, b) for a, b in zip(seeded_before_init_built_after.state_dict().values(),
+                                                             built_after_init.state_dict().values()))
+print(f"seeded, init_process_group, built: the weights of build_model(SEED): {init_draws_nothing}")
+report(seeds={name: r.as_dict() for name, r in seeds.items()}, init_draws_nothing=init_draws_nothing)
 
 
 # 2. DDP's constructor broadcasts rank 0's parameters AND buffers.
