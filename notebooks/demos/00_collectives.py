@@ -35,6 +35,10 @@ averaged = t.item()
 t = torch.tensor(start, device=device)
 work = dist.all_reduce(t, async_op=True)
 work.wait()
+if device.type == "cuda":
+    # with nccl, wait() only made the stream wait, and is_completed() asks whether the GPU has finished the
+    # operation: wait for the GPU first, so that "completed" reads True on every backend
+    torch.cuda.synchronize()
 async_result = {"handle": type(work).__name__, "completed": work.is_completed(), "value": t.item()}
 
 # --- with nccl a blocking call returns once the reduction is queued on the GPU stream
