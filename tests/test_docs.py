@@ -200,7 +200,7 @@ def test_the_guide_sends_the_claims_sections_home():
     table, measured = time_table(), count_words().course_words()
     for module, row in table.items():  # a claims section in the table exactly where the script finds one
         assert (row["claims"][0] > 0) == (measured[module]["claims"] > 0), f"module {module}: claims column"
-    assert table["00"]["claims"] == (0, 0) and any(row["claims"][0] for row in table.values())
+    assert any(row["claims"][0] for row in table.values())
     guide = " ".join(section(GUIDE, "## The time table").split())
     assert "claims sections stay homework in every plan" in guide
     assert "every claims section" in section(GUIDE, "### Half day")
