@@ -211,7 +211,8 @@ class FSDP(nn.Module):
         ### HINT 1: give the full copy its memory back, then gather every rank's shard into it, in the compute
         ### HINT 1: dtype, without waiting (_wait finishes it). Write through unit.buffer, never unit.full
         ### HINT 2: unit.storage.resize_(unit.padded * unit.buffer.element_size()), unit.shard.detach().to(...),
-        ### HINT 2: dist.all_gather_single(output, input, group=..., async_op=True); keep the input alive
+        ### HINT 2: dist.all_gather_single(output, input, group=..., async_op=True); keep the input alive; and
+        ### HINT 2: unit.state, which tells _wait there is a gather to finish
         unit.storage.resize_(unit.padded * unit.buffer.element_size())
         unit.source = unit.shard.detach().to(self.compute_dtype)
         unit.work = dist.all_gather_single(unit.buffer, unit.source, group=self.process_group, async_op=True)

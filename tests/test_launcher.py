@@ -482,6 +482,15 @@ def test_a_rank_that_vanished_is_the_root_cause_not_the_peer_it_left():
     assert failure.kind in set(diagnosis.FailureKind)
 
 
+def test_a_lone_rank_killed_by_a_signal_names_it_and_no_peers():
+    """One rank, killed by SIGSEGV (lab 07 without its unit.state line): the likely cause, and no "other
+    ranks" that do not exist."""
+    failure = diagnosis.root_cause({0: _events("started", "ready")}, 1, {0: -11}, "lab.py")
+    assert (failure.rank, failure.kind, failure.exitcode) == (0, "signal", -11)
+    assert failure.message.startswith("rank 0 was killed by SIGSEGV (a crash in torch's C++ code: often a tensor ")
+    assert "other ranks" not in failure.message and failure.message.endswith(").")
+
+
 def test_a_rank_that_returned_early_explains_its_peers_failed_collective():
     """Rank 1 ended (sys.exit(0), its group still open) while rank 0 waited in a collective for it."""
     ended = _events("started", "ready", "finished", process_group_open=True)

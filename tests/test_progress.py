@@ -105,9 +105,9 @@ def test_hint_cli_reveals_one_level_at_a_time_and_remembers_it(tmp_path, capsys)
     for _ in range(3):
         assert main(["hint", str(lab), "3"]) == 0
         outputs.append(capsys.readouterr().out)
-    assert "hint 2 of 3" in outputs[0] and region.hints[2] in outputs[0] and "solutions/" not in outputs[0]
+    assert "hints 1 to 2 of 3 (hint 1 is the TODO's comment)" in outputs[0] and region.hints[2] in outputs[0] and "solutions/" not in outputs[0]
     where = f"solutions/{SOLUTIONS['05'].name} in save_checkpoint(), lines {region.code_lines[0]}-{region.code_lines[-1]}"
-    assert "hint 3 of 3" in outputs[1] and where in outputs[1] and "last level" in outputs[1]
+    assert "hints 1 to 3 of 3" in outputs[1] and where in outputs[1] and "last level" in outputs[1]
     assert outputs[2] == outputs[1]  # level 3 is the last
     assert main(["hint", str(lab)]) == 0 and "TODO 1 of" in capsys.readouterr().out  # default: the first open TODO
     assert main(["hint", str(lab), "9"]) == 2 and "not 9" in capsys.readouterr().err

@@ -316,7 +316,8 @@ def reveal_hint(lab, number=None):
     level = min(revealed_level(path, number) + 1, LEVELS)
     if path.parent != solution.parent:  # the solutions are complete: nothing to remember there
         remember_level(path, number, level)
-    lines = [f"TODO {number} of {display_path(path)}, hint {level} of {LEVELS}:"]
+    # hint 1 is the TODO's own comment, already in the file: say so, or a first "hint 2 of 3" surprises
+    lines = [f"TODO {number} of {display_path(path)}: hints 1 to {level} of {LEVELS} (hint 1 is the TODO's comment):"]
     names = {1: "the idea", 2: "the calls", 3: "where to look"}
     lines += [f"  {k} ({names[k]}): {regions[number].hint(k, solution.name)}" for k in range(1, level + 1)]
     if level == LEVELS:

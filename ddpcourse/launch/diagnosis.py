@@ -73,7 +73,9 @@ def describe_exit(code):
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        extra = " (SIGKILL often means out of memory)" if name == "SIGKILL" else ""
+        extra = {"SIGKILL": " (SIGKILL often means out of memory)",
+                 "SIGSEGV": " (a crash in torch's C++ code: often a tensor read after its memory was freed or "
+                            "resized to 0, or written by a collective still in flight)"}.get(name, "")
         return f"was killed by {name}{extra}"
     return f"exited with code {code} without a Python exception (os._exit or a crash)"
 
@@ -145,8 +147,9 @@ def root_cause(events, world_size, exit_codes, display_file):
             rank = (died or silent)[0]
             code = codes.get(rank)
             how = describe_exit(code) if code is not None else "stopped without a Python exception"
+            lost = ": the other ranks lost their peer." if world_size > 1 else "."
             return RankFailure(rank, _exit_kind(code), code, details=_peer_errors(exceptions),
-                               message=f"rank {rank} {how}: the other ranks lost their peer.")
+                               message=f"rank {rank} {how}{lost}")
         rank, row = min(exceptions, key=lambda item: item[1]["time"])
         early = [r for r, _ in finished]
         if early:
