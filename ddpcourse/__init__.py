@@ -21,7 +21,7 @@ def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_
     """
     from ddpcourse.launch.launcher import DEFAULT_TIMEOUT, RunResult, run
     from ddpcourse.paths import resolve_lab
-    from ddpcourse.authoring.todos import todo_status
+    from ddpcourse.todos import todo_status
 
     path = resolve_lab(lab)
     todos = todo_status(path)
@@ -38,8 +38,8 @@ def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_
 
 
 def hint(lab, todo=None):
-    """Show the next hint level of the lab's next open TODO (or of TODO ``todo``). See ddpcourse.authoring.todos."""
-    from ddpcourse.authoring.todos import reveal_hint
+    """Show the next hint level of the lab's next open TODO (or of TODO ``todo``). See ddpcourse.learner.hints."""
+    from ddpcourse.learner.hints import reveal_hint
 
     print(reveal_hint(lab, todo))
 

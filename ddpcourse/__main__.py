@@ -53,7 +53,7 @@ def cmd_status(options):
 
 
 def cmd_hint(options):
-    from ddpcourse.authoring.todos import reveal_hint
+    from ddpcourse.learner.hints import reveal_hint
     try:
         print(reveal_hint(options.lab, options.todo))
     except (FileNotFoundError, ValueError) as exc:

@@ -34,11 +34,10 @@ NOTEBOOK_CHECKS = RECORDINGS / "notebooks"  # the notebooks' check cells: <lab f
 RERECORD = "python3 start.py test tests/test_lab0*.py tests/test_checks.py notebooks --record-runs"
 RECORD_ENV = "DDPCOURSE_TESTS_RECORD_RUNS"  # --record-runs, passed on to the notebooks' kernels
 # The course code a launch runs or is shaped by: the whole package but the learner tools and the authoring
-# scripts other than todos.py (the agent, each rank, what a lab imports, the checks with their runs() and
+# scripts (the agent, each rank, what a lab imports, the TODO format, the checks with their runs() and
 # settings, the observer). Any edit there can change what a rank reports, so it is part of every code key.
 RANK_SIDE = sorted(path for path in (COURSE_ROOT / "ddpcourse").rglob("*.py")
-                   if "learner" not in path.parts and (path.parent.name != "authoring"
-                                                       or path.name in ("__init__.py", "todos.py")))
+                   if "learner" not in path.parts and (path.parent.name != "authoring" or path.name == "__init__.py"))
 
 
 def code_key(program_text, file_name, nproc):

@@ -30,7 +30,13 @@ def test_a_launcher_that_imports_torch_and_a_checks_module_that_uses_the_learner
         f.write("\nimport torch  # noqa\n")
     with open(tmp_path / "ddpcourse" / "checks" / "lab00.py", "a") as f:
         f.write("\nfrom ddpcourse.learner import progress  # noqa\n")
+    with open(tmp_path / "ddpcourse" / "launch" / "stacks.py", "a") as f:  # the siblings stay apart
+        f.write("\nfrom ddpcourse.authoring import makelabs  # noqa\n")
+    with open(tmp_path / "ddpcourse" / "todos.py", "a") as f:  # the floor reads nothing above it
+        f.write("\nfrom ddpcourse.launch import events  # noqa\n")
     done = lint(tmp_path)
     assert done.returncode == 1
     assert "ddpcourse.launch.launcher is not allowed to import torch" in done.stdout
     assert "ddpcourse.checks.lab00 -> ddpcourse.learner.progress" in done.stdout
+    assert "ddpcourse.launch.stacks -> ddpcourse.authoring.makelabs" in done.stdout
+    assert "ddpcourse.todos -> ddpcourse.launch.events" in done.stdout

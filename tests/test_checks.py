@@ -9,7 +9,8 @@ from ddpcourse.authoring.notebooks import notebook_files
 from ddpcourse.checks import check_lab, declared_check
 from ddpcourse.authoring.makelabs import make_lab
 from ddpcourse.paths import COURSE_ROOT, lab_files
-from ddpcourse.authoring.todos import reveal_hint, solution_regions, todo_line
+from ddpcourse.learner.hints import reveal_hint
+from ddpcourse.todos import solution_regions, todo_line
 from helpers import detail, wrong_version
 
 SOLUTIONS = lab_files(COURSE_ROOT / "solutions")

@@ -73,7 +73,7 @@ def _import_cycle(graph):
 
 def test_the_package_has_no_import_cycle():
     graph = grimp.build_graph("ddpcourse")
-    assert {"ddpcourse.authoring.todos", "ddpcourse.authoring.makelabs", "ddpcourse.learner.progress", "ddpcourse.__main__"} <= graph.modules
+    assert {"ddpcourse.todos", "ddpcourse.authoring.makelabs", "ddpcourse.learner.progress", "ddpcourse.__main__"} <= graph.modules
     assert "ddpcourse.checks" in graph.find_modules_directly_imported_by("ddpcourse.learner.progress")  # a lazy import
     cycle = _import_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -8,7 +8,7 @@ import pytest
 
 from ddpcourse.authoring.makelabs import MarkerError, make_lab, make_labs
 from ddpcourse.paths import COURSE_ROOT, lab_files
-from ddpcourse.authoring.todos import open_todos, parse_regions, todo_in_message
+from ddpcourse.todos import open_todos, parse_regions, todo_in_message
 
 SOLUTION = textwrap.dedent('''\
     import torch

@@ -14,7 +14,8 @@ from ddpcourse.authoring.makelabs import make_lab, make_labs
 from ddpcourse.paths import COURSE_ROOT, lab_files, resolve_lab, solution_of
 from ddpcourse.learner.progress import (CHECK_FAILS, MISSING, NO_COMPILE, NOT_STARTED, PASSES, TODOS_OPEN, UnknownLab,
                                 collect_status, format_status, reset, solution_files)
-from ddpcourse.authoring.todos import open_todos, reveal_hint, solution_regions
+from ddpcourse.learner.hints import reveal_hint
+from ddpcourse.todos import open_todos, solution_regions
 
 SOLUTIONS = solution_files()
 
@@ -164,7 +165,7 @@ def test_reset_saves_the_learners_version_then_restores_the_generated_one(tmp_pa
 
 
 def test_reset_starts_the_hints_again_from_the_todo_comment(tmp_path):
-    from ddpcourse.authoring.todos import remember_level, revealed_level
+    from ddpcourse.todos import remember_level, revealed_level
 
     labs = fresh_labs(tmp_path)
     lab = labs / SOLUTIONS["03"].name

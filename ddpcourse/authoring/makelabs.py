@@ -2,7 +2,7 @@
 
 Introduced in notebooks/00_start_here.ipynb ("How the labs are made"). ``solutions/NN_name.py`` is the
 only source: each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region becomes a numbered TODO whose
-comment shows hint level 1, under a banner. The text of a lab is ddpcourse.authoring.todos' (``make_lab``), the owner
+comment shows hint level 1, under a banner. The text of a lab is ddpcourse.todos' (``make_lab``), the owner
 of the TODO format, so that what status and run_lab call "untouched" is exactly what this module writes;
 this module only writes (or compares) the files. ``--check`` changes nothing and exits 1 when labs/ is
 stale, so a test catches a solution edited without regenerating.
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from ddpcourse.paths import COURSE_ROOT, lab_files
-from ddpcourse.authoring.todos import BEGIN, END, MarkerError, generated_text, make_lab
+from ddpcourse.todos import BEGIN, END, MarkerError, generated_text, make_lab
 
-# make_lab, the markers and MarkerError belong to ddpcourse.authoring.todos; they are exported here too because
+# make_lab, the markers and MarkerError belong to ddpcourse.todos; they are exported here too because
 # course authors (notebook 00, benchmarks/planted_changes.py) reach them through the make-labs module.
 __all__ = ["BEGIN", "END", "MarkerError", "make_lab", "make_labs", "expected_labs"]
 

@@ -23,7 +23,7 @@ from typing import Callable
 from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
 from ddpcourse.launch.launcher import run as launch
 from ddpcourse.paths import display_path, lab_number, resolve_lab
-from ddpcourse.authoring.todos import todo_status
+from ddpcourse.todos import todo_status
 
 @dataclass
 class Check:

@@ -28,7 +28,7 @@ import signal
 import sys
 import traceback
 
-from ddpcourse.authoring.todos import todo_in_message
+from ddpcourse.todos import todo_in_message
 from ddpcourse.launch.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, STARTED, write_event
 from ddpcourse.launch.processes import watch_parent
 from ddpcourse.launch.spec import current_spec

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files, lab_spelling
-from ddpcourse.authoring.todos import forget_levels, generated_text, open_todos, same_text, todo_status
+from ddpcourse.todos import forget_levels, generated_text, open_todos, same_text, todo_status
 
 STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
 NOT_STARTED, TODOS_OPEN, NO_COMPILE, CHECK_FAILS, PASSES, MISSING = (

@@ -2,6 +2,8 @@
 ``make-labs`` command only writes the files), parses the solutions' regions, counts a lab's open TODOs and
 decides whether a lab is untouched (exactly as generated), has open TODOs, or is done (``TodoStatus``).
 The worker, ``check``, ``run_lab``, ``status``, ``reset`` and ``hint`` ask it; none of them parses the format.
+It sits at the package's floor, beside ddpcourse.paths: the runtime (a rank naming a TODO, the checks) and the
+authoring tools (make-labs) both read it, and it reads neither.
 
 Introduced in notebooks/00_start_here.ipynb ("How the labs are made"). In ``solutions/NN_name.py`` a region
 
@@ -17,8 +19,8 @@ becomes, in ``labs/NN_name.py``, at the same indentation,
     raise NotImplementedError('TODO k: <hint 1>')
 
 Hint level 3 is generated: where in ``solutions/`` the answer is (file, function, lines).
-``python -m ddpcourse hint NN [k]`` and ``hint("NN")`` reveal one more level of the next open TODO (or of
-TODO k) and remember it in ``.hint-levels.json`` beside the lab (git ignores it).
+``python -m ddpcourse hint NN [k]`` and ``hint("NN")`` (ddpcourse.learner.hints) reveal one more level of the
+next open TODO (or of TODO k); this module remembers it in ``.hint-levels.json`` beside the lab (git ignores it).
 """
 import ast
 import json
@@ -293,33 +295,3 @@ def todo_status(path):
 def same_text(a, b):
     """Equal but for line endings (an editor on Windows may have rewritten them)."""
     return a.replace("\r\n", "\n") == b.replace("\r\n", "\n")
-
-
-# ----------------------------------------------------------------------------- hint NN [k]
-def reveal_hint(lab, number=None):
-    """Reveal one more hint level of TODO ``number`` (default: the lab's first open TODO) and return the
-    text to show: every level seen so far. ``lab``: a number such as "00" or a lab file."""
-    path = resolve_lab(lab)
-    ident = lab_number(path)
-    solution = solution_of(path)
-    if solution is None:
-        raise ValueError(f"{path.name} is no lab of this course (lab files are named NN_name.py)")
-    regions = solution_regions(solution)
-    if number is None:
-        open_now = open_todos(path.read_text(encoding="utf-8", errors="replace"))
-        if not open_now:
-            return (f"{display_path(path)} has no open TODO. For the hints of TODO k: "
-                    f"hint(\"{ident}\", k), or python -m ddpcourse hint {ident} k")
-        number = open_now[0][0]
-    if number not in regions:
-        raise ValueError(f"lab {ident} has TODOs {', '.join(map(str, regions))}, not {number}")
-    level = min(revealed_level(path, number) + 1, LEVELS)
-    if path.parent != solution.parent:  # the solutions are complete: nothing to remember there
-        remember_level(path, number, level)
-    # hint 1 is the TODO's own comment, already in the file: say so, or a first "hint 2 of 3" surprises
-    lines = [f"TODO {number} of {display_path(path)}: hints 1 to {level} of {LEVELS} (hint 1 is the TODO's comment):"]
-    names = {1: "the idea", 2: "the calls", 3: "where to look"}
-    lines += [f"  {k} ({names[k]}): {regions[number].hint(k, solution.name)}" for k in range(1, level + 1)]
-    if level == LEVELS:
-        lines.append("That was the last level.")
-    return "\n".join(lines)
