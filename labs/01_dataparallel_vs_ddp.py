@@ -10,7 +10,7 @@ Every rank holds a full copy of the model. At each step each rank trains on its 
 batch, the ranks average their gradients, and every rank takes the same optimizer step, so the copies
 stay identical and the result equals one process training on the whole global batch.
 
-Your tasks (notebooks/01_dataparallel_vs_ddp.ipynb shows each step running):
+Your tasks (clean/01_dataparallel_vs_ddp.ipynb shows each step running):
   TODO 1  shard_indices:     this rank's block of the global batch
   TODO 2  average_gradients: every rank ends with each gradient's mean over all ranks
   TODO 3  train_with_ddp:    the same training, with DistributedDataParallel doing TODO 2 for you

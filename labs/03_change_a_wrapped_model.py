@@ -11,7 +11,7 @@ A training run is under way on every rank. Two changes arrive mid-run:
   2. rank 0 alone calibrates the output bias on a held-out set that only rank 0 reads.
 Both must end up identical on every rank, and the new layer must train.
 
-Your tasks (notebooks/03_change_a_wrapped_model.ipynb shows each mistake and its fix):
+Your tasks (clean/03_change_a_wrapped_model.ipynb shows each mistake and its fix):
   TODO 1  grow:      the deeper network exists on every rank, and its new layer trains
   TODO 2  calibrate: rank 0 shifts the output bias, then every rank receives rank 0's bias
 
@@ -68,7 +68,8 @@ def grow(model, optimizer):
 
 
 def calibrate(model, rank, x_validation, y_validation):
-    """Rank 0 adds its mean validation error to the output bias; afterwards every rank holds rank 0's bias."""
+    """Rank 0 adds its mean validation error, (y_validation - prediction).mean(), to the output bias, so that
+    the mean prediction moves onto the targets; afterwards every rank holds rank 0's bias."""
     bias = model.module.fc2.out.bias
     # TODO 2: one rank computes the correction (the mean error on the validation set) and applies
     #         it; then its result must reach every replica. No gradients are involved

@@ -11,7 +11,7 @@ take k optimizer steps on its own data with no communication at all, then averag
 (parameters and buffers) across ranks: one synchronization per k steps instead of one per step. Between
 averagings the replicas drift apart; right after an averaging they are identical again.
 
-Your tasks (notebooks/04_sync_without_backward.ipynb explains both):
+Your tasks (clean/04_sync_without_backward.ipynb explains both):
   TODO 1  maybe_average: average only after every k-th optimizer step (steps k, 2k, ...; counted from 1)
   TODO 2  average_model: replace every parameter AND buffer by its mean over ranks
 

@@ -11,7 +11,7 @@ training: whatever the script did not save is gone. This trainer saves a checkpo
 when it starts, resumes from the last one, so that a crash costs a few steps and changes nothing else:
 the final weights are exactly those of a run that never crashed.
 
-Your tasks (notebooks/05_launching_and_scaling_out.ipynb explains each):
+Your tasks (clean/05_launching_and_scaling_out.ipynb explains each):
   TODO 1  load_checkpoint: if a checkpoint exists, restore model, optimizer and step on every rank
   TODO 2  epoch_order: give each epoch its own shuffle, the same on every rank
   TODO 3  save_checkpoint: rank 0 alone writes, atomically; every rank waits until it is written

@@ -6,7 +6,7 @@ models. DDP's constructor fixes that by broadcasting rank 0's parameters and buf
 that broadcast yourself, for any source rank, then train on sharded data with DDP(model, init_sync=False),
 which skips the constructor's broadcast: the replicas start equal only if yours worked.
 
-Your tasks (notebooks/02_initialization_and_broadcast.ipynb explains both):
+Your tasks (clean/02_initialization_and_broadcast.ipynb explains both):
   TODO 1  broadcast_module_: src's parameters AND buffers into every rank's tensors, in place
   TODO 2  make_loader: each rank reads its own shard of the dataset
 

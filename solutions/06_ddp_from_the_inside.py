@@ -6,7 +6,7 @@ registration order), and as soon as a bucket's last gradient arrives, the bucket
 tensor and all-reduced asynchronously while the backward goes on. Before the optimizer's step, the wait
 copies the averaged gradients back. This class does the same in about sixty lines.
 
-Your tasks (notebooks/06_ddp_from_the_inside.ipynb builds the two simpler versions first):
+Your tasks (clean/06_ddp_from_the_inside.ipynb builds the two simpler versions first):
   TODO 1  _grad_ready: a bucket's communication starts as soon as its last gradient is ready
   TODO 2  _launch_bucket: start one bucket's communication; the backward must not wait for it
   TODO 3  finish_gradient_synchronization: before the step, each .grad holds its mean over ranks
