@@ -241,6 +241,19 @@ def free_port(preferred=8888, host="127.0.0.1"):
     raise SetupError("no free TCP port on this machine for JupyterLab.")
 
 
+# JupyterLab asks every new learner whether to fetch Jupyter's news (a pop-up over notebook 00); the course
+# answers no for them, in the environment's own settings (the learner can still change it in Settings).
+LAB_SETTINGS = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False}}
+
+
+def quiet_jupyterlab():
+    """Write the course's JupyterLab settings overrides into the environment (.venv/share/jupyter/lab)."""
+    folder = os.path.join(VENV, "share", "jupyter", "lab", "settings")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "overrides.json"), "w") as f:
+        json.dump(LAB_SETTINGS, f, indent=2)
+
+
 def jupyterlab_command(port, browser=True, root=False):
     # default_url, not a file argument: the address JupyterLab prints (what --no-browser, WSL2, SSH and
     # Codespaces users click) then opens notebook 00 too, not the Launcher.
@@ -282,6 +295,7 @@ def main(argv=None):
         raise SetupError("the doctor found a problem: each FAIL line above says how to fix it.")
     if options.no_lab:
         return
+    quiet_jupyterlab()
     port = options.port or free_port()
     print("start.py: JupyterLab on port %d; open the address it prints below (Ctrl+C twice stops it)" % port,
           flush=True)

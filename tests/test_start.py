@@ -239,6 +239,17 @@ def test_8888_when_free_and_the_next_free_port_when_taken():
         assert start.free_port() == expected
 
 
+def test_jupyterlab_asks_no_news_question(course_copy):
+    """The news pop-up JupyterLab shows a new user is answered in the environment's settings overrides."""
+    start.quiet_jupyterlab()
+    written = json.loads((course_copy / ".venv" / "share" / "jupyter" / "lab" / "settings" / "overrides.json").read_text())
+    assert written["@jupyterlab/apputils-extension:notification"] == {"fetchNews": "false", "checkForUpdates": False}
+    schema = COURSE_ROOT / ".venv" / "share" / "jupyter" / "lab" / "schemas" / "@jupyterlab" / "apputils-extension"
+    if (schema / "notification.json").exists():  # the installed JupyterLab still has these settings
+        properties = json.loads((schema / "notification.json").read_text())["properties"]
+        assert {"fetchNews", "checkForUpdates"} <= set(properties)
+
+
 def test_the_devcontainer_runs_the_quick_start():
     """A laptop that cannot install opens the course in a Codespace or VS Code's Dev Containers: the
     container's commands are start.py's own, with options start.py accepts."""
