@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = COURSE_ROOT / "notebooks"  # the executed reference notebooks; their cells run from here
 LAB_SOURCE_ENV = "DDPCOURSE_LAB_SOURCE"
 LAB_NAME = re.compile(r"^(\d\d)_\w+\.py$")
 LAB_SPELLING = re.compile(r"^(\d\d)(_\w+)?$")  # "00" or "00_first_collectives"

@@ -328,7 +328,8 @@ def test_compared_outputs_state_no_device_facts(path):
 
 def test_a_kernel_from_another_copy_of_the_course_is_named(tmp_path, monkeypatch, capsys):
     """A notebook opened in one copy while the kernel's ddpcourse is another copy would run that copy's labs."""
-    from ddpcourse.authoring.notebooks import NOTEBOOKS, setup_notebook
+    from ddpcourse import setup_notebook
+    from ddpcourse.authoring.notebooks import NOTEBOOKS
 
     monkeypatch.chdir(COURSE_ROOT / "clean")
     setup_notebook()

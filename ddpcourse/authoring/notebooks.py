@@ -1,6 +1,6 @@
 """The notebooks as files: where their cells run from, their clean learner copies, re-executing them.
 
-``setup_notebook()`` is the first code cell of every notebook (notebooks/ and clean/ alike).
+Every notebook's first code cell, ``setup_notebook()``, is the learner's (ddpcourse.learner.api).
 notebooks/NN_name.ipynb are the executed reference copies (read on the web, compared by nbval);
 clean/NN_name.ipynb are generated from them without outputs, for learners to open and run
 (`python -m ddpcourse make-clean`, the way make-labs makes labs/ from solutions/).
@@ -10,9 +10,8 @@ import re
 import time
 from pathlib import Path
 
-from ddpcourse.paths import COURSE_ROOT, LAB_SOURCE_ENV, display_path
+from ddpcourse.paths import COURSE_ROOT, LAB_SOURCE_ENV, NOTEBOOKS, display_path
 
-NOTEBOOKS = COURSE_ROOT / "notebooks"
 CLEAN = COURSE_ROOT / "clean"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # Cell metadata a run writes and nobody reads: per-cell timestamps (nbconvert, JupyterLab's
@@ -20,31 +19,6 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 RUN_METADATA = ("execution", "ExecuteTime", "collapsed", "scrolled")
 # A relative link in markdown, ](target) or src="target"; rewritten so it resolves from clean/.
 LINK = re.compile(r"(\]\(|src=[\"'])([^)\"'\s]+)")
-
-
-def setup_notebook():
-    """Run the notebook's cells from notebooks/, so `demos/...` paths resolve from a clean/ copy too. A kernel
-    whose ddpcourse belongs to another copy of the course would run that copy's labs: it says so."""
-    opened_in = Path.cwd().resolve()
-    if COURSE_ROOT.resolve() not in (opened_in, *opened_in.parents):
-        print(f"WARNING: this kernel's ddpcourse is the course in {COURSE_ROOT}, not the one this notebook is "
-              f"in ({opened_in}): run_lab and check_lab would use that copy's labs. Start JupyterLab with "
-              f"`python3 start.py` in this notebook's course folder.")
-    os.chdir(NOTEBOOKS)
-
-
-def show_code(path, name):
-    """Print the top-level function or class ``name`` of a demo or lab file, as that file has it: the code the
-    next run executes, read from the one source that runs (never a copy pasted into the notebook)."""
-    import ast
-
-    source = Path(path).read_text()
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-            first = min([node.lineno, *(decorator.lineno for decorator in node.decorator_list)])
-            print("\n".join(source.splitlines()[first - 1:node.end_lineno]))
-            return
-    raise LookupError(f"{path} has no top-level function or class {name!r}")
 
 
 def notebook_files(folder=NOTEBOOKS):

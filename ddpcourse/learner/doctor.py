@@ -4,14 +4,13 @@ Introduced in notebooks/00_start_here.ipynb. An instructor runs it on every lapt
 Each line is OK (green), FAIL (red, with the fix) or INFO (worth knowing, nothing to fix).
 The packages the notebook kernel and the labs import must be the pinned versions (FAIL otherwise); the
 tooling around them (JupyterLab, nbval, pytest) may live in another environment, so a different version
-there is INFO. ``from ddpcourse import doctor; doctor()`` works: this module is callable.
+there is INFO. In a notebook: ``from ddpcourse import doctor; doctor()`` (ddpcourse.learner.api).
 """
 import os
 import platform
 import re
 import socket
 import sys
-import types
 from dataclasses import dataclass, field
 from importlib import metadata
 
@@ -182,12 +181,3 @@ def doctor(launch=True):
     print(format_report(report, color=sys.stdout.isatty() or "ipykernel" in sys.modules))
     return report
 
-
-class _CallableModule(types.ModuleType):
-    """``ddpcourse.learner.doctor`` is this module and, called, the doctor: one name, one meaning."""
-
-    def __call__(self, launch=True):
-        return doctor(launch)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -2,7 +2,7 @@
 ``python -m ddpcourse reset NN`` (a lab back to its generated state, the learner's version kept).
 
 Introduced in notebooks/00_start_here.ipynb (end of section 5) and in README.md ("Workshops and
-self-study"). In a notebook: ``from ddpcourse.learner.progress import status; status()``.
+self-study"). In a notebook: ``from ddpcourse import status; status()`` (ddpcourse.learner.api).
 
 ``status`` looks at the learner's ``labs/`` and, for each lab, says one of
 
