@@ -74,7 +74,7 @@ def counting_allreduce(calls):
 
 
 def grow_on_rank0_only():
-    """Example 2 of the blog post that section 5 tests: rank 0 alone adds and initialises a layer, the ranks
+    """Example 2 of the article that section 5 tests: rank 0 alone adds and initialises a layer, the ranks
     then send it.
 
     Each rank first looks the new layer up, and the ranks agree (one all_reduce) before broadcasting."""
