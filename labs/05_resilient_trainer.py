@@ -22,7 +22,7 @@ Crash it:  python -m ddpcourse run labs/05_resilient_trainer.py --nproc 2 --max-
 Check:     python -m ddpcourse check labs/05_resilient_trainer.py
 Plain torchrun with --max-restarts: --standalone or --rdzv-backend c10d, and export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 first, or the restarted ranks can read the dead attempt's addresses from the store torchrun keeps and fail to
-connect (notebook 05, section 7).
+connect (notebook 05, section 8).
 """
 import argparse
 import hashlib
