@@ -345,3 +345,33 @@ def test_the_room_line_of_a_fresh_copy_reads_as_the_guide_shows(tmp_path):
         assert re.fullmatch(r"new|syntax|edited|missing|pass|todo\d(,\d)*", state), state
         assert f"`{'todoK,K' if state.startswith('todo') else state}`:" in GUIDE  # each state explained
 
+
+
+# A learner's reading in the room (issue 32): per notebook, in all, and per markdown cell (table rows aside).
+MAX_ROOM_WORDS, MAX_COURSE_WORDS, MAX_CELL_PROSE = 3500, 26000, 300
+
+
+def prose_words(markdown, script):
+    """The prose words of a markdown cell as count_words.py reads them, without table rows or fenced code."""
+    kept, fenced = [], False
+    for line in markdown.splitlines():
+        if line.strip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and not line.strip().startswith("|"):
+            kept.append(script.prose(line))
+    return script.count("\n".join(kept))
+
+
+def test_the_reading_in_the_room_has_a_readable_length():
+    script = count_words()
+    measured = script.course_words()
+    room = {module: found["all"] - found["claims"] for module, found in measured.items()}
+    assert max(room.values()) <= MAX_ROOM_WORDS, room
+    assert sum(room.values()) < MAX_COURSE_WORDS, sum(room.values())
+    for path in sorted((COURSE_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] == "markdown":
+                words = prose_words("".join(cell["source"]), script)
+                assert words <= MAX_CELL_PROSE, f"{path.name}, cell {index}: {words} words of prose (split it)"
+    wall = "\n".join(["word " * 20] * 16 + ["| a table row | is not prose |"] * 40)
+    assert prose_words(wall, script) == 320  # the rule bites; table rows aside
