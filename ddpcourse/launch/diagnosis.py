@@ -25,7 +25,8 @@ class FailureKind(str, Enum):
 
 
 EXCEPTION_KIND, EXIT_KIND, SIGNAL, TODO = FailureKind.EXCEPTION, FailureKind.EXIT, FailureKind.SIGNAL, FailureKind.TODO
-TIMEOUT, STARTUP_TIMEOUT, OPEN_PROCESS_GROUP = FailureKind.TIMEOUT, FailureKind.STARTUP_TIMEOUT, FailureKind.OPEN_PROCESS_GROUP
+TIMEOUT, STARTUP_TIMEOUT = FailureKind.TIMEOUT, FailureKind.STARTUP_TIMEOUT
+OPEN_PROCESS_GROUP = FailureKind.OPEN_PROCESS_GROUP
 # Errors a rank gets *because another rank went away*: never the root cause while another rank has one.
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
                        r"ECONNRESET|Socket Timeout|Connection refused|recvBytes", re.I)
@@ -67,15 +68,19 @@ def timed_out(events, world_size, display_file, timeout, started, startup_limit)
                        message=f"{display_file}: the ranks did not start within {startup_limit:g} s")
 
 
-def describe_exit(code):
+def describe_exit(code, in_script=False):
+    """How a process ended, said for a learner. in_script: it died while running the script (not while
+    exiting after it), where a crash in native code has a likely cause in the script's own tensors."""
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        extra = {"SIGKILL": " (SIGKILL often means out of memory)",
-                 "SIGSEGV": " (a crash in torch's C++ code: often a tensor read after its memory was freed or "
-                            "resized to 0, or written by a collective still in flight)"}.get(name, "")
+        likely = {"SIGKILL": " (SIGKILL often means out of memory)"}
+        if in_script:
+            likely["SIGSEGV"] = (" (a crash in torch's C++ code: often a tensor read after its memory was freed or "
+                                 "resized to 0, or written by a collective still in flight)")
+        extra = likely.get(name, "")
         return f"was killed by {name}{extra}"
     return f"exited with code {code} without a Python exception (os._exit or a crash)"
 
@@ -146,7 +151,7 @@ def root_cause(events, world_size, exit_codes, display_file):
         if died or (silent and not exceptions):
             rank = (died or silent)[0]
             code = codes.get(rank)
-            how = describe_exit(code) if code is not None else "stopped without a Python exception"
+            how = describe_exit(code, in_script=True) if code is not None else "stopped without a Python exception"
             lost = ": the other ranks lost their peer." if world_size > 1 else "."
             return RankFailure(rank, _exit_kind(code), code, details=_peer_errors(exceptions),
                                message=f"rank {rank} {how}{lost}")
