@@ -120,7 +120,7 @@ def parse_regions(source, name="solution"):
 # ----------------------------------------------------------------------------- writing a lab
 BANNER = """\
 # =====================================================================================================
-# Lab {number}, learner copy: fill in every TODO, then check your work with
+# Lab {number}, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/{name}
 # Stuck on a TODO? `python -m ddpcourse hint {number}` shows the next hint, one level at a time.
 # Generated from solutions/{name} by `python -m ddpcourse make-labs`; course authors edit that file.
@@ -267,7 +267,10 @@ class TodoStatus:
         state = "is not started yet" if self.untouched else "has open TODOs"
         plural = "s" if len(self.todos) > 1 else ""
         k, hint, line = self.todos[0]
-        return (f"{shown} {state} (TODO{plural} {', '.join(map(str, self.numbers))}), so nothing was run.\n"
+        # a learner who wrote the code above the raise line left it open: say what closes a TODO
+        closes = "" if self.untouched else (" (a TODO stays open while its raise NotImplementedError line is "
+                                            "there: replace that line with your code)")
+        return (f"{shown} {state} (TODO{plural} {', '.join(map(str, self.numbers))}), so nothing was run{closes}.\n"
                 f"Next: TODO {k}{f' (line {line})' if line else ''}: {hint}\n"
                 f'More help, one level at a time: hint("{number}") in a notebook, '
                 f"or python -m ddpcourse hint {number}")

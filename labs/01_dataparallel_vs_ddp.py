@@ -1,5 +1,5 @@
 # =====================================================================================================
-# Lab 01, learner copy: fill in every TODO, then check your work with
+# Lab 01, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/01_dataparallel_vs_ddp.py
 # Stuck on a TODO? `python -m ddpcourse hint 01` shows the next hint, one level at a time.
 # Generated from solutions/01_dataparallel_vs_ddp.py by `python -m ddpcourse make-labs`; course authors edit that file.

@@ -1,5 +1,5 @@
 # =====================================================================================================
-# Lab 02, learner copy: fill in every TODO, then check your work with
+# Lab 02, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/02_initialization_and_broadcast.py
 # Stuck on a TODO? `python -m ddpcourse hint 02` shows the next hint, one level at a time.
 # Generated from solutions/02_initialization_and_broadcast.py by `python -m ddpcourse make-labs`; course authors edit that file.

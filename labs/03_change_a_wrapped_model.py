@@ -1,5 +1,5 @@
 # =====================================================================================================
-# Lab 03, learner copy: fill in every TODO, then check your work with
+# Lab 03, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/03_change_a_wrapped_model.py
 # Stuck on a TODO? `python -m ddpcourse hint 03` shows the next hint, one level at a time.
 # Generated from solutions/03_change_a_wrapped_model.py by `python -m ddpcourse make-labs`; course authors edit that file.

@@ -1,5 +1,5 @@
 # =====================================================================================================
-# Lab 04, learner copy: fill in every TODO, then check your work with
+# Lab 04, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/04_local_sgd.py
 # Stuck on a TODO? `python -m ddpcourse hint 04` shows the next hint, one level at a time.
 # Generated from solutions/04_local_sgd.py by `python -m ddpcourse make-labs`; course authors edit that file.

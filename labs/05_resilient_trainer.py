@@ -1,5 +1,5 @@
 # =====================================================================================================
-# Lab 05, learner copy: fill in every TODO, then check your work with
+# Lab 05, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/05_resilient_trainer.py
 # Stuck on a TODO? `python -m ddpcourse hint 05` shows the next hint, one level at a time.
 # Generated from solutions/05_resilient_trainer.py by `python -m ddpcourse make-labs`; course authors edit that file.

@@ -1,5 +1,5 @@
 # =====================================================================================================
-# Lab 06, learner copy: fill in every TODO, then check your work with
+# Lab 06, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/06_ddp_from_the_inside.py
 # Stuck on a TODO? `python -m ddpcourse hint 06` shows the next hint, one level at a time.
 # Generated from solutions/06_ddp_from_the_inside.py by `python -m ddpcourse make-labs`; course authors edit that file.

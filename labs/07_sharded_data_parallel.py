@@ -1,5 +1,5 @@
 # =====================================================================================================
-# Lab 07, learner copy: fill in every TODO, then check your work with
+# Lab 07, learner copy: replace each TODO's raise line with your code, then check your work with
 #     python -m ddpcourse check labs/07_sharded_data_parallel.py
 # Stuck on a TODO? `python -m ddpcourse hint 07` shows the next hint, one level at a time.
 # Generated from solutions/07_sharded_data_parallel.py by `python -m ddpcourse make-labs`; course authors edit that file.

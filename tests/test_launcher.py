@@ -636,7 +636,8 @@ def test_a_start_up_timeout_says_the_ranks_did_not_start(tmp_path, monkeypatch):
     hang = RunResult("x.py", nproc=2, returncode=124, duration=10.4, timed_out=True, failure=diagnosis.RankFailure(
         0, diagnosis.TIMEOUT, message="x.py did not finish within 10 s of every rank being ready"))
     text = verdict(hang, "x.py")
-    assert text.startswith("TIMEOUT: x.py did not finish in 10.4 s; ") and "matching call" in text
+    assert text.startswith("TIMEOUT: x.py did not finish within 10 s of every rank being ready (stopped after 10.4 s, "
+                           "start-up included); ") and "matching call" in text
 
 
 def test_a_rank_still_starting_is_one_line_not_its_import_stack(tmp_path):

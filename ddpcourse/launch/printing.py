@@ -70,7 +70,9 @@ def verdict(result, shown):
                               stacks_text(result.stacks, result.world_size),
                               "The ranks were still starting (torchrun's rendezvous, or imports on a busy "
                               "machine): the script itself had not begun."])
-        return "\n".join([f"TIMEOUT: {shown} did not finish{took}; all its processes were killed. "
+        # the timeout counts from every rank being ready; the time since the launch, start-up included, is longer
+        stopped = f" (stopped after {result.duration:.1f} s, start-up included)" if result.duration else ""
+        return "\n".join([f"TIMEOUT: {why or shown + ' did not finish'}{stopped}; all its processes were killed. "
                           "Where each rank was (most recent call first):",
                           stacks_text(result.stacks, result.world_size),
                           "A rank waiting in a collective usually means another rank never made the matching call."])
