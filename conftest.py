@@ -1,8 +1,9 @@
 """Test-suite settings shared by the unit tests and the notebooks (nbval).
 
 The notebooks' lab cells run solutions/ (DDPCOURSE_LAB_SOURCE=solutions, the instructors' demo mode of
-docs/instructors.md), so their outputs are the committed ones. Set here, before any notebook kernel starts:
-kernels inherit the environment. A learner's run uses labs/ (tests/test_learner_path.py).
+docs/instructors.md), so their outputs are the committed ones: the suite's kernels set it themselves, in
+their startup file (tests/kernel_startup.py), and the tests that resolve a lab number set it for themselves;
+this pytest process does not. A learner's run uses labs/ (tests/test_learner_path.py).
 """
 import os
 import platform
@@ -12,8 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-os.environ["DDPCOURSE_LAB_SOURCE"] = "solutions"
 
 # The notebooks' check cells judge the solutions from recorded launches (tests/recorded_runs.py): an IPython
 # startup file, in an IPYTHONDIR of this test session's own, installs that in every kernel the suite starts.

@@ -203,8 +203,8 @@ def test_the_observer_named_in_the_run_is_called_with_its_spec_before_the_script
 
 def test_the_only_course_variable_a_rank_gets_is_its_run_spec(one_rank):
     """The launcher hands the run to its processes as a file (RunSpec); only that file's path crosses the
-    process boundary. Course variables this test's own environment set (e.g. DDPCOURSE_LAB_SOURCE, set by
-    the root conftest.py) are inherited and allowed."""
+    process boundary. Course variables this test's own environment has (e.g. DDPCOURSE_LAB_SOURCE, where a
+    user set it) are inherited and allowed."""
     _, result, _ = one_rank
     inherited = {name for name in os.environ if name.startswith("DDPCOURSE_")}
     assert RUN_SPEC_ENV not in inherited

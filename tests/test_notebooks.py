@@ -360,13 +360,14 @@ def test_every_check_cell_judges_from_a_fresh_recording(monkeypatch):
     from recorded_runs import NOTEBOOK_CHECKS, notebook_recording
 
     monkeypatch.chdir(COURSE_ROOT / "notebooks")  # where the kernels run: "../solutions/05_..." resolves
+    monkeypatch.setenv("DDPCOURSE_LAB_SOURCE", "solutions")  # as the suite's kernels have it (kernel_startup.py)
     calls = {(match.group(1), int(match.group(2)) if match.group(2) else None)
              for notebook in NOTEBOOKS for cell in code_cells(read(notebook))
              for match in re.finditer(r'check_lab\("([^"]+)"(?:, nproc=(\d+))?\)', cell.source)}
     assert len(calls) >= len(NOTEBOOKS)  # every notebook checks its lab
     used = set()
     for lab, nproc in sorted(calls, key=str):
-        found = notebook_recording(resolve_lab(lab), nproc)  # DDPCOURSE_LAB_SOURCE=solutions: conftest.py
+        found = notebook_recording(resolve_lab(lab), nproc)
         results, problem = found.load()
         assert not problem, problem
         used.add(found.path)
