@@ -1,6 +1,6 @@
 """Step time of lab 07's hand-written FSDP against torch's fully_shard (FSDP2) and DDP, on 2 ranks.
 
-The three train the lab's model (solutions/07_sharded_data_parallel.py: five units, one frozen, one with a
+The three train the lab's model (ddpcourse/harness/lab07.py: five units, one frozen, one with a
 tied weight) on the same data with SGD and momentum. They take turns, round after round, so that a slow moment
 of the machine hits them alike; each prints the median step time, and the hand-written FSDP's ratio to
 fully_shard is set against the goal of 1.25x. A measurement, not a test.
@@ -38,25 +38,26 @@ def measure(rounds, steps, batch_size):
 
     spec = importlib.util.spec_from_file_location("lab07", ROOT / "solutions" / "07_sharded_data_parallel.py")
     lab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lab)  # the classes and the model; its harness runs only as __main__
+    spec.loader.exec_module(lab)  # the classes; their harness runs only as __main__
+    from ddpcourse.harness import lab07 as harness  # the lab's model
     rank, world_size, _ = init_distributed(backend="gloo")
     generator = torch.Generator().manual_seed(rank)
-    x = torch.randn(batch_size, lab.IN_FEATURES, generator=generator)
-    y = torch.randn(batch_size, lab.OUT_FEATURES, generator=generator)
+    x = torch.randn(batch_size, harness.IN_FEATURES, generator=generator)
+    y = torch.randn(batch_size, harness.OUT_FEATURES, generator=generator)
 
     def hand_written():
-        fsdp = lab.FSDP(lab.build())
+        fsdp = lab.FSDP(harness.build())
         return fsdp, fsdp.finish_gradient_synchronization
 
     def torch_fsdp2():
-        model, mesh = lab.build(), init_device_mesh("cpu", (world_size,))
+        model, mesh = harness.build(), init_device_mesh("cpu", (world_size,))
         for child in model.children():
             if any(True for _ in child.parameters()):
                 fully_shard(child, mesh=mesh)
         return fully_shard(model, mesh=mesh), lambda: None
 
     def ddp():
-        return torch.nn.parallel.DistributedDataParallel(lab.build()), lambda: None
+        return torch.nn.parallel.DistributedDataParallel(harness.build()), lambda: None
 
     runners = {}
     for name, make in [("hand-written FSDP", hand_written), ("fully_shard", torch_fsdp2), ("DDP", ddp)]:

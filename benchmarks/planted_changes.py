@@ -21,7 +21,6 @@ import argparse
 import ast
 import concurrent.futures
 import multiprocessing
-import os
 import sys
 import tempfile
 import time

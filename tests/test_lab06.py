@@ -76,9 +76,9 @@ def test_lab06_a_missing_gradient_is_explained_whichever_flatten_met_it():
     for error in ("AttributeError: 'NoneType' object has no attribute 'reshape'",
                   "TypeError: expected Tensor as element 8 in argument 0, but got NoneType"):
         run = SimpleNamespace(failure=SimpleNamespace(kind=EXCEPTION_KIND, error=error))
-        assert "launched before all its gradients were ready" in lab06.explain_failure(run)
+        assert "launched before all its gradients were ready" in lab06.LAB_CHECK.explain(run)
     run = SimpleNamespace(failure=SimpleNamespace(kind=EXCEPTION_KIND, error="TypeError: something else"))
-    assert lab06.explain_failure(run) == ""
+    assert lab06.LAB_CHECK.explain(run) == ""
 
 
 @wrong_version(LAB, (LAUNCH, LAUNCH + "        self.works[i].get_future().wait()  # blocks through the future\n"),

@@ -5,9 +5,12 @@ learner's copy anywhere works. Each lab's check is declared in ``labNN.py`` as
 
     LAB_CHECK = LabCheck(judge=checks, nprocs=(1, 2, 3))   # judge(run) -> list[Check]
 
-and, when the lab's failures need more words than the traceback (``explain_failure(run) -> str``) or one world
-size needs several differently configured runs (say, one with an injected failure),
+and, when a lab's likely mistakes raise errors whose words do not name the mistake, a table of them
+(``KnownError``: the root cause's "Type: message" pattern, what to tell the learner); when what the run
+recorded must be read to explain a failure, ``explain_failure(run) -> str``; when one world size needs
+several differently configured runs (say, one with an injected failure), ``runs``:
 
+    LAB_CHECK = LabCheck(judge=checks, known_errors=(KnownError(r"^AttributeError: ...", "the bucket..."),))
     LAB_CHECK = LabCheck(judge=checks, runs=runs, explain_failure=explain_failure)
     # runs(workdir, nproc) -> {name: dict(env=..., args=..., torchrun_args=...)}; judge(runs: {name: RunResult})
 
@@ -15,11 +18,13 @@ The checks compare what the lab ``report``-ed with values computed here, indepen
 say what is wrong in the words of the likely mistake ("the sum, not the mean: divide by the world size").
 """
 import importlib
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ddpcourse.launch.diagnosis import EXCEPTION_KIND
 from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
 from ddpcourse.launch.launcher import run as launch
 from ddpcourse.paths import display_path, lab_number, resolve_lab
@@ -44,12 +49,30 @@ class Check:
 
 
 @dataclass(frozen=True)
+class KnownError:
+    """An exception a lab's likely mistake raises, and the mistake in the learner's words."""
+    pattern: str       # a regular expression searched in the root cause's "Type: first line" (RankFailure.error)
+    explanation: str
+
+
+@dataclass(frozen=True)
 class LabCheck:
     """What a lab's check declares: how it judges, on which world sizes, with which runs."""
     judge: Callable                   # judge(run) -> [Check]; judge({name: run}) when `runs` is given
     nprocs: tuple = (1, 2, 3)         # the world sizes check_lab runs it on, in this order
     runs: Callable = None             # runs(workdir, nproc) -> {name: launch options}; None: one plain run
-    explain_failure: Callable = None  # explain_failure(run) -> str: what a failed run's evidence says
+    known_errors: tuple = ()          # KnownError, first match wins: a crash's exception → the likely mistake
+    explain_failure: Callable = None  # explain_failure(run) -> str: what a failed run's recorded evidence says
+
+    def explain(self, run):
+        """What to add to a failed run's message: the first known error its root-cause exception matches,
+        else explain_failure's words; "" when neither has any."""
+        failure = run.failure
+        if failure is not None and failure.kind == EXCEPTION_KIND:
+            for known in self.known_errors:
+                if re.search(known.pattern, failure.error or ""):
+                    return known.explanation
+        return self.explain_failure(run) if self.explain_failure else ""
 
 
 def declared_check(number):
@@ -101,12 +124,13 @@ ROUNDING = 1e-5  # float32 arithmetic summed in another order than the check's (
 
 def changed_settings(run, expected):
     """[a failing Check] when the lab's harness reports other settings than the check expects, else []: the
-    part of a lab below its classes is the check's experiment and must stay as given."""
+    harness (ddpcourse/harness/labNN.py) is the check's experiment and must stay as given."""
     config = run.values("config")[0]
     if config == expected:
         return []
     return [Check("the lab keeps its harness settings", False,
-                  f"the lab reports {config}, expected {expected}: keep the part below the classes as it is")]
+                  f"the lab reports {config}, expected {expected}: the lab's harness (ddpcourse/harness/) must "
+                  "stay as it is")]
 
 
 def agree(got, expected, tol=EXACT):
@@ -175,7 +199,7 @@ def _check_world_size(path, declared, size, timeout):
             results[name] = result = launch(path, nproc=size, timeout=timeout, show="none", **spec)
             if not result.ok:
                 label = f" ({name} run)" if name else ""
-                extra = declared.explain_failure(result) if declared.explain_failure else ""
+                extra = declared.explain(result)
                 detail = result.message + (f"\n      {extra}" if extra else "")
                 return [Check(f"the lab runs to the end{label}", False, detail, size, result.failure)]
         try:

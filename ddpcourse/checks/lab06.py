@@ -11,8 +11,7 @@ sizes and the cap, independently of the lab.
 """
 import math
 
-from ddpcourse.checks import ROUNDING, Check, LabCheck, agree, changed_settings
-from ddpcourse.launch.diagnosis import EXCEPTION_KIND
+from ddpcourse.checks import ROUNDING, Check, KnownError, LabCheck, agree, changed_settings
 
 NPROCS = (1, 2, 3)
 CONFIG = {"steps": 3, "micro_batches": 3, "caps": [None, 256 / 2**20], "layout_caps": [None, 2.5],
@@ -182,21 +181,18 @@ def _overlap_check(scenario, holds, world):
                  "\n      ".join(problems))
 
 
-def explain_failure(run):
-    failure = run.failure
-    if failure is None or failure.kind != EXCEPTION_KIND:
-        return ""
-    error = failure.error  # "Type: first line" of the root-cause rank's exception
-    if error.startswith("AttributeError: 'NoneType' object has no attribute 'wait'"):
-        return ("a bucket had no work to wait for. Either it was never launched: its count of pending gradients "
-                "never reached 0 (is a parameter counted twice, or in two buckets? A weight shared by two layers "
-                "(tied) is one tensor with one gradient: model.parameters() lists it once; walking the layers lists "
-                "it twice); or its all_reduce ran without async_op=True, which blocks and returns None")
-    if error.startswith("AttributeError: 'NoneType' object has no attribute") or (
-            error.startswith("TypeError: expected Tensor as element") and error.endswith("but got NoneType")):
-        return ("a gradient was still None when its bucket was flattened: the bucket was launched before all its "
-                "gradients were ready; launch it when its count of pending gradients reaches 0")
-    return ""
+# A crash whose message does not name the mistake: the likely mistakes, first match wins.
+KNOWN_ERRORS = (
+    KnownError(r"^AttributeError: 'NoneType' object has no attribute 'wait'",
+               "a bucket had no work to wait for. Either it was never launched: its count of pending gradients "
+               "never reached 0 (is a parameter counted twice, or in two buckets? A weight shared by two layers "
+               "(tied) is one tensor with one gradient: model.parameters() lists it once; walking the layers lists "
+               "it twice); or its all_reduce ran without async_op=True, which blocks and returns None"),
+    KnownError(r"^AttributeError: 'NoneType' object has no attribute|^TypeError: expected Tensor as element.*but got "
+               r"NoneType$",
+               "a gradient was still None when its bucket was flattened: the bucket was launched before all its "
+               "gradients were ready; launch it when its count of pending gradients reaches 0"),
+)
 
 
 def checks(run):
@@ -255,4 +251,4 @@ def checks(run):
     return found
 
 
-LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS, explain_failure=explain_failure)
+LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS, known_errors=KNOWN_ERRORS)

@@ -10,8 +10,7 @@ forward, and the collectives the dispatcher saw in one step.
 """
 import math
 
-from ddpcourse.checks import Check, LabCheck, changed_settings
-from ddpcourse.launch.diagnosis import EXCEPTION_KIND
+from ddpcourse.checks import Check, KnownError, LabCheck, changed_settings
 
 NPROCS = (1, 2, 3)
 CONFIG = {"steps": 3, "batch_size": 16, "width": 512, "seed": 7, "memory_step": 1, "collectives_step": 2}
@@ -260,28 +259,24 @@ def _collectives_check(cases, units, world):
                  f"trainable unit ({counts}), on the process group given", not problems, "\n      ".join(problems[:2]))
 
 
-def explain_failure(run):
-    failure = run.failure
-    if failure is None or failure.kind != EXCEPTION_KIND:
-        return ""
-    error = failure.error
-    if "split_with_sizes expects split_sizes" in error or "must be equal to world_size times" in error or (
-            "is invalid for input of size" in error):
-        return ("a unit's flat parameter does not split into its parameters plus padding: padding wrong; pad each "
-                "flat parameter up to a multiple of the world size (math.ceil(total / world_size) * world_size) so "
-                "that every rank's shard has the same size")
-    if "attempting to assign a gradient of size" in error or "assigned grad has data of a different size" in error:
-        return ("a shard's .grad got the whole unit's gradient: all_reduce leaves every rank the full gradient; "
-                "reduce-scatter it (dist.reduce_scatter_single) so each rank receives only its shard's slice")
-    if "modified by an inplace operation" in error:
-        return ("the full copy was written in place after the forward had saved views of it: write the all-gather "
-                "through unit.buffer (its own version counter), never through unit.full")
-    if "storage of size 0" in error or "out of bounds for storage" in error:
-        return ("a layer read a unit's parameters while the full copy was freed: gather (and wait) before the "
-                "forward and before the backward, free only after")
-    if "optimizer got an empty parameter list" in error:
-        return ("a rank that owns no parameters must build no optimizer (more ranks than parameters)")
-    return ""
+# A crash whose message does not name the mistake: the likely mistakes, first match wins.
+KNOWN_ERRORS = (
+    KnownError(r"split_with_sizes expects split_sizes|must be equal to world_size times|is invalid for input of size",
+               "a unit's flat parameter does not split into its parameters plus padding: padding wrong; pad each "
+               "flat parameter up to a multiple of the world size (math.ceil(total / world_size) * world_size) so "
+               "that every rank's shard has the same size"),
+    KnownError(r"attempting to assign a gradient of size|assigned grad has data of a different size",
+               "a shard's .grad got the whole unit's gradient: all_reduce leaves every rank the full gradient; "
+               "reduce-scatter it (dist.reduce_scatter_single) so each rank receives only its shard's slice"),
+    KnownError(r"modified by an inplace operation",
+               "the full copy was written in place after the forward had saved views of it: write the all-gather "
+               "through unit.buffer (its own version counter), never through unit.full"),
+    KnownError(r"storage of size 0|out of bounds for storage",
+               "a layer read a unit's parameters while the full copy was freed: gather (and wait) before the "
+               "forward and before the backward, free only after"),
+    KnownError(r"optimizer got an empty parameter list",
+               "a rank that owns no parameters must build no optimizer (more ranks than parameters)"),
+)
 
 
 def checks(run):
@@ -304,4 +299,4 @@ def checks(run):
     return found
 
 
-LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS, explain_failure=explain_failure)
+LAB_CHECK = LabCheck(judge=checks, nprocs=NPROCS, known_errors=KNOWN_ERRORS)

@@ -28,6 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.profiler import ProfilerActivity, profile
 
 from ddpcourse import init_distributed, report
+from ddpcourse.harness import lab06 as harness  # the model and the data the lab's check trains on
 from ddpcourse.launch.cores import usable_cores
 
 HERE = Path(__file__).resolve().parent
@@ -374,12 +375,12 @@ def equality(groups, rank, device):
         if rank >= size:
             continue
         for variant in VARIANTS[:3]:
-            for cap in ([solution.ONE_BUCKET_MB, solution.MANY_BUCKETS_MB] if variant == "bucketed" else [None]):
-                model, reference = solution.build(rank).to(device), solution.build(rank).to(device)
+            for cap in ([harness.ONE_BUCKET_MB, harness.MANY_BUCKETS_MB] if variant == "bucketed" else [None]):
+                model, reference = harness.build(rank).to(device), harness.build(rank).to(device)
                 ours, theirs = wrap(variant, model, group, cap), wrap("torch", reference, group, cap)
                 optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, reference)]
                 for i in range(3):
-                    x, y = (t.to(device) for t in solution.batch(i, rank))
+                    x, y = (t.to(device) for t in harness.batch(i, rank))
                     step(ours, optimizers[0], x, y)
                     step(theirs, optimizers[1], x, y)
                 mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -391,10 +392,10 @@ def equality(groups, rank, device):
 
 def tied_hook_calls(device):
     """How often a weight used by two layers fires its post-accumulate-grad hook in one backward."""
-    model = solution.build(0).to(device)
+    model = harness.build(0).to(device)
     calls = []
     model.hidden_a.weight.register_post_accumulate_grad_hook(lambda param: calls.append(param.grad.clone()))
-    x, y = (t.to(device) for t in solution.batch(0, 0))
+    x, y = (t.to(device) for t in harness.batch(0, 0))
     F.mse_loss(model(x), y).backward()
     return {"calls": len(calls), "is_hidden_b": model.hidden_b.weight is model.hidden_a.weight,
             "hook_saw_final_grad": bool(torch.equal(calls[-1], model.hidden_a.weight.grad))}

@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddpcourse import init_distributed, report
+from ddpcourse.harness import lab07 as harness  # the lab's model, data and cases
 from ddpcourse.lab import CollectiveLog
 
 # The lab's solution, loaded explicitly by path: a demo never runs the learner's unfinished lab.
@@ -203,18 +204,18 @@ def adam_off_one_process(group, rank, world_size):
     """The share of the lab model's trainable weights more than lr/10 from one process's after the lab's
     Adam steps: for the lab's ShardedOptimizer under DDP, and for Adam stepping on this rank's batch only, whose
     moments never see the other ranks' gradients (what a ZeRO-1 built that way would compute)."""
-    lr = solution.ADAM_LR
+    lr = harness.ADAM_LR
 
     def adam(model):
-        return torch.optim.Adam(solution.optimizer_groups(model, lr))
+        return torch.optim.Adam(harness.optimizer_groups(model, lr))
 
-    one = dict(solution.train_replicated(group, rank, adam, world_size).named_parameters())
-    sharded = solution.train_replicated(group, rank, lambda model: solution.ShardedOptimizer(
-        solution.optimizer_groups(model, lr), torch.optim.Adam, process_group=group))
-    alone = solution.build()
+    one = dict(harness.train_replicated(group, rank, adam, world_size).named_parameters())
+    sharded = harness.train_replicated(group, rank, lambda model: solution.ShardedOptimizer(
+        harness.optimizer_groups(model, lr), torch.optim.Adam, process_group=group))
+    alone = harness.build()
     optimizer = adam(alone)
-    for step in range(solution.STEPS):
-        x, y = solution.batch(step, rank)
+    for step in range(harness.STEPS):
+        x, y = harness.batch(step, rank)
         optimizer.zero_grad()
         F.mse_loss(alone(x), y).backward()
         optimizer.step()
@@ -471,9 +472,10 @@ def main():
         dist.barrier()
     # sections 2 and 4: the lab's ShardedOptimizer and FSDP, on all 3 ranks (its fully_shard reference uses
     # the whole world's mesh)
-    handmade = {"optimizer": solution.sharded_optimizer_cases(groups[world_size], rank, world_size)[0],
+    handmade = {"optimizer": harness.sharded_optimizer_cases(groups[world_size], rank, world_size,
+                                                           solution.ShardedOptimizer)[0],
                 "adam_off": adam_off_one_process(groups[world_size], rank, world_size),
-                "fsdp": solution.fsdp_cases(groups[world_size], rank, world_size)}
+                "fsdp": harness.fsdp_cases(groups[world_size], rank, world_size, solution.FSDP)}
     params = sum(p.numel() for p in build().parameters())
     report(parameters=params, handmade=handmade, memory=memory, zero2_peak=zero2_peak, ddp_extra=ddp_extra,
            traffic=traffic, steps=steps, equal=equal, accumulated=accumulated, clipped=clipped, saved=saved)
