@@ -6,6 +6,7 @@ to demo live"), in which the notebooks run the complete solutions; the suite run
 """
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +70,34 @@ def solution_of(lab):
     number = lab_number(lab) or (lab_spelling(lab) or (None,))[0]
     found = [path for path in lab_files(COURSE_ROOT / "solutions") if path.name.startswith(f"{number}_")]
     return found[0] if number and found else None
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab, resolved once from however it was named ("03", "03_change_a_wrapped_model", a path): check,
+    run, hint and status pass this on from there, and nothing works the lab out again on the way."""
+    number: str          # "03"; None for a file of no lab (its TODOs are still counted)
+    file: Path           # the copy that runs: labs/ (or solutions/, DDPCOURSE_LAB_SOURCE), or a copy anywhere
+    solution: Path       # solutions/NN_name.py, the source of its TODOs and hints; None when the course has none
+
+    @property
+    def shown(self):
+        """The file as a learner would type it."""
+        return display_path(self.file)
+
+
+def find_lab(lab):
+    """The Lab a learner means by ``lab`` (resolve_lab's spellings; a Lab is returned as it is)."""
+    if isinstance(lab, Lab):
+        return lab
+    return lab_of_file(resolve_lab(lab))
+
+
+def lab_of_file(path):
+    """The Lab whose copy is the file ``path`` (a course lab when its name starts with a lab's number)."""
+    path = Path(path)
+    number = lab_number(path)
+    return Lab(number, path, solution_of(number) if number else None)
 
 
 def compile_error(path):

@@ -29,7 +29,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpcourse.paths import display_path, lab_number, resolve_lab, solution_of
+from ddpcourse.paths import Lab, lab_number, lab_of_file
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 HINT = re.compile(r"^### HINT(?: (\d))?:\s*(.*)$")  # "### HINT:" (no level) counts as level 1
@@ -242,10 +242,13 @@ class TodoStatus:
     The one place that decides a lab's stage: ``untouched`` (exactly as generated: run_lab does not launch
     it, status says "not started"), open TODOs (``todos``: check does not launch it), or ``done`` (every
     TODO replaced: only the lab's check can judge it)."""
-    path: Path
-    solution: Path = None
+    lab: Lab
     todos: list = field(default_factory=list)  # [(k, hint at the level revealed so far, line)]
     generated: bool = False                     # the text equals what make-labs writes (line endings aside)
+
+    @property
+    def path(self):
+        return self.lab.file
 
     @property
     def numbers(self):
@@ -263,7 +266,7 @@ class TodoStatus:
 
     def describe(self):
         """Which TODOs are open and the next one's hint: what check_lab and run_lab print instead of running."""
-        shown, number = display_path(self.path), lab_number(self.path)
+        shown, number = self.lab.shown, self.lab.number
         state = "is not started yet" if self.untouched else "has open TODOs"
         plural = "s" if len(self.todos) > 1 else ""
         k, hint, line = self.todos[0]
@@ -276,12 +279,12 @@ class TodoStatus:
                 f"or python -m ddpcourse hint {number}")
 
 
-def todo_status(path):
-    """The TodoStatus of the lab file ``path`` (its TODOs are counted even for a file of no course lab)."""
-    path = Path(path)
+def todo_status(lab):
+    """The TodoStatus of a Lab (or of the lab file at a path: its TODOs are counted even for no course lab)."""
+    lab = lab if isinstance(lab, Lab) else lab_of_file(lab)
+    path, solution = lab.file, lab.solution
     text = path.read_text(encoding="utf-8", errors="replace")
-    solution = solution_of(path)
-    status = TodoStatus(path, solution)
+    status = TodoStatus(lab)
     for k, hint in open_todos(text):
         if solution is not None:
             hint = current_hint(path, solution, k)

@@ -88,6 +88,39 @@ def test_a_started_lab_shows_the_hint_level_the_learner_revealed(tmp_path, no_la
     assert f": {solution_regions(solution)[2].hints[2]}" in shown  # ... so the check shows level 2
 
 
+def test_check_lab_resolves_the_lab_once_on_the_way_to_its_verdict(tmp_path, monkeypatch):
+    """From check_lab("NN") to the judged run the lab's name is looked up once and its solution found once:
+    every step after that is handed the one frozen Lab (its TODO status, its hints, the launch)."""
+    import dataclasses
+
+    import ddpcourse.paths as paths
+    from ddpcourse.launch.launcher import RunResult
+
+    calls = {"resolve_lab": 0, "solution_of": 0}
+    for name in calls:
+        def counted(*args, _name=name, _real=getattr(paths, name)):
+            calls[_name] += 1
+            return _real(*args)
+        monkeypatch.setattr(paths, name, counted)
+    solution = SOLUTIONS[0]
+    (tmp_path / solution.name).write_text(solution.read_text())  # a finished copy: it gets launched
+    monkeypatch.setenv("DDPCOURSE_LAB_SOURCE", "labs")
+    monkeypatch.setattr(paths, "lab_folder", lambda: tmp_path)
+    launched = []
+
+    def fake_launch(path, nproc, **options):
+        launched.append(path)
+        return RunResult(file=str(path), nproc=nproc, returncode=0, duration=0.0)
+    monkeypatch.setattr("ddpcourse.checks.launch", fake_launch)
+    report = check_lab(solution.name[:2], nproc=1, quiet=True)
+    assert launched == [tmp_path / solution.name] and report.launched
+    assert calls == {"resolve_lab": 1, "solution_of": 1}
+    lab = paths.find_lab(tmp_path / solution.name)
+    assert (lab.number, lab.solution) == (solution.name[:2], solution)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lab.number = "99"
+
+
 def test_a_path_that_does_not_exist_is_an_error_never_another_lab(tmp_path, no_launch):
     with pytest.raises(FileNotFoundError, match="no such file: 01_my_copy_typo.py"):
         check_lab("01_my_copy_typo.py")

@@ -577,7 +577,7 @@ def test_cgroup_quota_follows_this_process_cgroup_up_to_the_root(tmp_path):
     assert cgroup_cpu_quota(v1, self_cgroup) == 2.0
 
 
-def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys, tmp_path):
+def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys, tmp_path, monkeypatch):
     """A run whose spec names a launcher that is gone (here: a pid that ended) is left over; cleanup ends it.
     A run whose launcher still runs (this process) and one whose spec cannot be read are not left over. Only
     this test's own runs are looked at: other runs on this machine are not the test's to end."""
@@ -593,23 +593,26 @@ def test_cleanup_ends_left_over_runs_and_says_what_it_ended(capsys, tmp_path):
     gone.wait()
     left_over, active = spec_of("left_over", gone.pid), spec_of("active", os.getpid())
     unreadable = str(tmp_path / "removed" / "run.json")
-    mine = lambda found: found.spec_path in (left_over, active, unreadable)  # noqa: E731
     started = [sleeper(left_over), sleeper(active), sleeper(unreadable)]
     orphan = started[0]
+    # cleanup sees this test's sleepers only: other runs on this machine are not the test's to end
+    every_process, mine = psutil.process_iter, {process.pid for process in started}
+    monkeypatch.setattr(psutil, "process_iter",
+                        lambda *args, **kwargs: [p for p in every_process(*args, **kwargs) if p.pid in mine])
     try:
         deadline = time.monotonic() + 10
         while sum(bool(processes_of_run(path)) for path in (left_over, active, unreadable)) < 3:
             assert time.monotonic() < deadline, "the test's sleepers did not show up"
             time.sleep(0.05)
-        found = processes.leftover_runs(select=mine)
+        found = processes.leftover_runs()
         assert [(r.spec_path, r.launcher_pid, r.processes[0][0]) for r in found] == [(left_over, gone.pid, orphan.pid)]
-        ended = processes.end_leftover_runs(select=mine)
+        ended = processes.end_leftover_runs()
         printed = capsys.readouterr().out
         assert [r.spec_path for r in ended] == [left_over]
         assert f"ended the run of {tmp_path / 'left_over'}: 1 process(es)" in printed and str(orphan.pid) in printed
         assert not psutil.pid_exists(orphan.pid)  # killed and reaped
-        assert processes.end_leftover_runs(select=mine) == [] and "no left-over course runs" in capsys.readouterr().out
-        everything = processes.leftover_runs(include_active=True, select=mine)
+        assert processes.end_leftover_runs() == [] and "no left-over course runs" in capsys.readouterr().out
+        everything = processes.leftover_runs(include_active=True)
         assert sorted((r.spec_path, r.launcher_pid) for r in everything) == sorted([(active, os.getpid()),
                                                                                     (unreadable, 0)])
     finally:

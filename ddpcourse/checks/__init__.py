@@ -27,7 +27,7 @@ from typing import Callable
 from ddpcourse.launch.diagnosis import EXCEPTION_KIND
 from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
 from ddpcourse.launch.launcher import run as launch
-from ddpcourse.paths import display_path, lab_number, resolve_lab
+from ddpcourse.paths import display_path, find_lab
 from ddpcourse.todos import todo_status
 
 @dataclass
@@ -161,14 +161,14 @@ def check_lab(lab, nproc=None, timeout=DEFAULT_TIMEOUT, quiet=False):
     A lab with open TODOs is not run: the report lists them (``.todos``) with the next one's hint.
     Raises FileNotFoundError for a path that does not exist and ValueError for a file of no lab.
     """
-    path = resolve_lab(lab)
-    number = lab_number(path)
-    declared = declared_check(number)
+    lab = find_lab(lab)
+    path, number = lab.file, lab.number
+    declared = declared_check(number) if number else None
     if declared is None:
         raise ValueError(f"{path.name}: no lab check for lab {number!r}; lab files are named NN_name.py")
     report = CheckReport(str(path))
     say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
-    unfinished = todo_status(path)
+    unfinished = todo_status(lab)
     if not unfinished.done:
         report.todos = unfinished.numbers
         report.results.append(Check("every TODO is done", False, unfinished.describe().splitlines()[0]))

@@ -167,11 +167,11 @@ class LeftoverRun:
     processes: list = field(default_factory=list)  # [(pid, command line)]
 
 
-def leftover_runs(include_active=False, select=None):
+def leftover_runs(include_active=False):
     """This user's course runs whose launcher (a kernel, a CLI) is gone, or every run if include_active.
 
     A run is left over only when its spec names its launcher and that process is provably gone: a run whose
-    spec cannot be read is left alone. select: keep only the runs it accepts."""
+    spec cannot be read is left alone."""
     psutil = _psutil()
     me = psutil.Process()
     user = me.username()
@@ -187,8 +187,7 @@ def leftover_runs(include_active=False, select=None):
             runs[spec_path] = LeftoverRun(spec_path, _launcher_pid(spec_path))
         run = runs[spec_path]
         run.processes.append((proc.pid, " ".join(proc.info["cmdline"] or [proc.name()])))
-    found = [run for run in runs.values() if select is None or select(run)]
-    return [run for run in found if include_active or (run.launcher_pid and not _alive_launcher(run))]
+    return [run for run in runs.values() if include_active or (run.launcher_pid and not _alive_launcher(run))]
 
 
 def _launcher_pid(spec_path):
@@ -209,10 +208,10 @@ def _alive_launcher(run):
     return launcher.create_time() <= started
 
 
-def end_leftover_runs(include_active=False, say=print, select=None):
+def end_leftover_runs(include_active=False, say=print):
     """End this user's left-over runs (see leftover_runs), saying what was ended; returns the runs."""
     psutil = _psutil()
-    runs = leftover_runs(include_active, select)
+    runs = leftover_runs(include_active)
     for run in runs:
         procs = []
         for pid, _ in run.processes:

@@ -32,11 +32,12 @@ def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_
     but the stop button (a one-line error after the summary of where each rank was).
     """
     from ddpcourse.launch.launcher import DEFAULT_TIMEOUT, RunResult, run
-    from ddpcourse.paths import resolve_lab
+    from ddpcourse.paths import find_lab
     from ddpcourse.todos import todo_status
 
-    path = resolve_lab(lab)
-    todos = todo_status(path)
+    lab = find_lab(lab)
+    path = lab.file
+    todos = todo_status(lab)
     if todos.untouched:
         message = todos.describe()
         if show != "none":

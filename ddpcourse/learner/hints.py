@@ -1,16 +1,15 @@
 """``hint("NN")`` in a notebook and ``python -m ddpcourse hint NN [k]``: one more hint level of a lab's next
 open TODO (or of TODO k), every level seen so far shown. The format and the remembered levels are
 ddpcourse.todos'."""
-from ddpcourse.paths import display_path, lab_number, resolve_lab, solution_of
+from ddpcourse.paths import display_path, find_lab
 from ddpcourse.todos import LEVELS, open_todos, remember_level, revealed_level, solution_regions
 
 
 def reveal_hint(lab, number=None):
     """Reveal one more hint level of TODO ``number`` (default: the lab's first open TODO) and return the
     text to show: every level seen so far. ``lab``: a number such as "00" or a lab file."""
-    path = resolve_lab(lab)
-    ident = lab_number(path)
-    solution = solution_of(path)
+    lab = find_lab(lab)
+    path, ident, solution = lab.file, lab.number, lab.solution
     if solution is None:
         raise ValueError(f"{path.name} is no lab of this course (lab files are named NN_name.py)")
     regions = solution_regions(solution)

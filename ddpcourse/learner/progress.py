@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ddpcourse.launch.launcher import DEFAULT_TIMEOUT
-from ddpcourse.paths import COURSE_ROOT, compile_error, display_path, lab_files, lab_spelling
+from ddpcourse.paths import COURSE_ROOT, Lab, compile_error, display_path, lab_files, lab_number, lab_spelling
 from ddpcourse.todos import forget_levels, generated_text, open_todos, same_text, todo_status
 
 STATUS_NPROC = 2  # one world size: a launch per lab costs seconds; `check` runs them all
@@ -67,7 +67,7 @@ class StatusReport:
 def solution_files(solutions_dir=None):
     """{"00": Path("solutions/00_first_collectives.py"), ...}: the course's labs, by number."""
     folder = Path(solutions_dir or COURSE_ROOT / "solutions")
-    return {path.name[:2]: path for path in lab_files(folder)}
+    return {lab_number(path): path for path in lab_files(folder)}
 
 
 def _todo_list(numbers):
@@ -78,11 +78,12 @@ def lab_status(path, solution, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=
     """The LabStatus of the learner file ``path`` whose source is ``solution``. Launches only when the
     file compiles and has no open TODO."""
     path, solution = Path(path), Path(solution)
-    row = LabStatus(solution.name[:2], solution.name, path, MISSING)
+    lab = Lab(lab_number(solution), path, solution)
+    row = LabStatus(lab.number, solution.name, path, MISSING)
     if not path.exists():
         row.detail = f"no {display_path(path)}: `python -m ddpcourse reset {row.number}` brings it back"
         return row
-    todos = todo_status(path)
+    todos = todo_status(lab)
     row.todos = todos.numbers
     if todos.untouched:
         row.state, row.detail = NOT_STARTED, f"{len(row.todos)} TODOs: start with TODO {row.todos[0]}"
@@ -101,7 +102,7 @@ def lab_status(path, solution, nproc=STATUS_NPROC, timeout=DEFAULT_TIMEOUT, say=
     from ddpcourse.checks import check_lab
 
     say(f"... checking {display_path(path)} on {nproc} ranks (at most {timeout:g} s per run)")
-    report = check_lab(path, nproc=nproc, timeout=timeout, quiet=True)
+    report = check_lab(lab, nproc=nproc, timeout=timeout, quiet=True)
     if report.passed:
         row.state, row.detail = PASSES, f"all {len(report.results)} checks pass on {nproc} ranks"
         return row
@@ -158,7 +159,7 @@ def room_line(labs=None, solutions=None):
         if not path.exists():
             state = "missing"
         else:
-            todos = todo_status(path)
+            todos = todo_status(Lab(number, path, solution))
             if todos.untouched:
                 state = "new"
             elif compile_error(path):
