@@ -1,4 +1,6 @@
-"""Helpers for the tests: realistic wrong versions of a solution, finding a check, a markdown section."""
+"""Helpers for the tests: realistic wrong versions of a solution, finding a check, a markdown section, a
+course tool under docs/ imported from its path."""
+import importlib.util
 import re
 
 from ddpcourse.paths import COURSE_ROOT
@@ -52,3 +54,13 @@ def section(markdown, heading):
             lines.append(line)
     assert lines, f"no heading {heading!r}"
     return "\n".join(lines)
+
+
+def docs_tool(relative_path):
+    """A course tool under docs/ (``"docs/lint/glossary.py"``), imported from its path: docs/ is no package,
+    the tools are scripts, and a test calls their functions."""
+    path = COURSE_ROOT / relative_path
+    spec = importlib.util.spec_from_file_location(f"docs_tool_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

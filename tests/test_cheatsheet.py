@@ -1,19 +1,15 @@
 """docs/cheatsheet.md and its printed form, docs/cheatsheet.pdf.
 
-The print: up to date, at most two pages, 9 pt text on a page that fits inside both A4 and US Letter,
-checked twice: from make_printable.py's own layout numbers, and from the PDF's bytes (each page's
-MediaBox, each line's font size and position). The python blocks: each imports or defines every name it
-uses (read with ``ast``) and runs as written in a world of one process. The facts: each sentence the
-sheet states about torch (timeouts, ReduceOp.AVG, torch.load, torchrun's options, DDP's buckets and
-buffers) is asserted against the torch installed here.
+The files (docs/lint/cheatsheet.py, whose docstring states the rules): the print is up to date, at most two
+pages, 9 pt text on a page inside both A4 and US Letter, by make_printable.py's numbers and by the PDF's
+bytes; each python block imports or defines every name it uses. Here besides: each python block runs as
+written in a world of one process, and each sentence the sheet states about torch (timeouts, ReduceOp.AVG,
+torch.load, torchrun's options, DDP's buckets and buffers) is asserted against the torch installed here.
 
 Cheap: one subprocess (the python blocks, a few seconds); the rest runs inside this process, the DDP
 buffer checks in a process group of one.
 """
-import ast
-import builtins
 import datetime
-import importlib.util
 import inspect
 import io
 import json
@@ -30,145 +26,45 @@ import torch
 import torch.distributed as dist
 
 from ddpcourse.paths import COURSE_ROOT
-from helpers import section
+from helpers import docs_tool, section
 
-DOCS = COURSE_ROOT / "docs"
-CHEATSHEET = (DOCS / "cheatsheet.md").read_text()
-POINTS_PER_MM = 72 / 25.4
-A4 = (210 * POINTS_PER_MM, 297 * POINTS_PER_MM)    # 595.28 x 841.89 points
-LETTER = (8.5 * 72, 11 * 72)                       # 612 x 792 points
-MIN_FONT_SIZE = 9                                  # points: the smallest size a learner reads at a desk
-COURIER_WIDTH = 0.6                                # em a character, every character of Courier
-
-# Names a python block may use without importing or defining them: none. Every block brings its own
-# imports and stand-ins (a tiny model, a list as the loader), so a learner can copy any one of them
-# alone. A name added here must be one the sheet's prose defines, with the place it does so.
-PLACEHOLDERS = set()
+lint = docs_tool("docs/lint/cheatsheet.py")
+CHEATSHEET = lint.cheatsheet()
 
 
-def printable():
-    spec = importlib.util.spec_from_file_location("make_printable", DOCS / "make_printable.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def python_blocks(markdown=CHEATSHEET):
-    return re.findall(r"^```python\n(.*?)^```", markdown, re.S | re.M)
-
-
-# ----------------------------------------------------------------------------- the printed form
+# ----------------------------------------------------------------------------- the files (docs/lint/cheatsheet.py)
 def test_cheatsheet_prints_lines_of_at_most_100_characters_and_no_svg_links():
-    long = [line for line in CHEATSHEET.splitlines() if len(line) > 100]
-    assert not long, long
-    assert ".svg" not in CHEATSHEET and "](" not in CHEATSHEET
+    assert lint.line_problems(CHEATSHEET) == []
 
 
 def test_printable_cheatsheet_is_up_to_date_and_at_most_two_pages():
-    make = printable()
-    assert make.problems() == []
-    pages, digest = make.pdf_facts(make.TARGET)
-    assert pages == len(make.layout(CHEATSHEET)) <= 2
-    assert digest == make.source_digest(CHEATSHEET)
-    assert make.TARGET.read_bytes() == make.render(CHEATSHEET)  # the generator is deterministic: no date
+    assert lint.printable_problems() == []
 
 
 def test_the_layout_fits_a4_and_letter_at_9_pt_or_more():
     """make_printable's own numbers: the page lies inside both papers, and the widest printed line and
     the fullest page fit inside its margins at its font size."""
-    make = printable()
-    assert make.FONT_SIZE >= MIN_FONT_SIZE and make.LINE_HEIGHT >= make.FONT_SIZE
-    for paper in (A4, LETTER):
-        assert make.PAGE_WIDTH <= paper[0] + 0.01 and make.PAGE_HEIGHT <= paper[1] + 0.01, paper
-    # the largest such page: nothing left unused that a larger font could have had
-    assert make.PAGE_WIDTH == pytest.approx(min(A4[0], LETTER[0]), abs=0.01)
-    assert make.PAGE_HEIGHT == pytest.approx(min(A4[1], LETTER[1]), abs=0.01)
-    pages = make.layout(CHEATSHEET)
-    assert len(pages) <= 2
-    widest = max(len(text) for page in pages for _, text in page)
-    assert widest * COURIER_WIDTH * make.FONT_SIZE <= make.PAGE_WIDTH - 2 * make.MARGIN_X
-    fullest = max(len(page) for page in pages)
-    assert fullest * make.LINE_HEIGHT <= make.PAGE_HEIGHT - 2 * make.MARGIN_Y
-    assert all("A4" in page[0][1] and "US Letter" in page[0][1] for page in pages)  # the header line says so
-    assert "A4" in make.__doc__ and "US Letter" in make.__doc__ and "210 mm x 11 in" in make.__doc__
-
-
-def pdf_pages(data):
-    """[(media box, [(font size, x, y, text), ...]), ...]: each page of a PDF whose streams are plain."""
-    objects = {int(number): body for number, body in re.findall(rb"(?m)^(\d+) 0 obj\n(.*?)\nendobj", data, re.S)}
-    pages = []
-    for body in objects.values():
-        if not re.match(rb"<< /Type /Page\b(?!s)", body):
-            continue
-        box = [float(value) for value in re.search(rb"/MediaBox \[([^\]]*)\]", body).group(1).split()]
-        content = objects[int(re.search(rb"/Contents (\d+) 0 R", body).group(1))]
-        stream = re.search(rb"stream\n(.*)endstream", content, re.S).group(1)
-        lines = []
-        for size, x, y, text in re.findall(rb"/F\d+ ([\d.]+) Tf .*? 1 0 0 1 ([\d.]+) ([\d.]+) Tm \(((?:\\.|[^\\)])*)\) Tj",
-                                           stream):
-            text = re.sub(rb"\\(.)", rb"\1", text).decode("ascii")
-            lines.append((float(size), float(x), float(y), text))
-        assert stream.count(b" Tj") == len(lines), "a line drawn in a way this reader does not parse"
-        pages.append((box, lines))
-    return pages
+    assert lint.layout_problems() == []
 
 
 def test_the_written_pdf_fits_a4_and_letter_at_9_pt_or_more():
     """Read back from docs/cheatsheet.pdf itself: every page's MediaBox fits inside both papers, every line
     is set at 9 pt or more and lies inside the page."""
-    data = (DOCS / "cheatsheet.pdf").read_bytes()
-    assert b"/Filter" not in data  # plain streams: what is read here is what prints
-    pages = pdf_pages(data)
-    assert 1 <= len(pages) <= 2 and len(pages) == len(re.findall(rb"/Type\s*/Page\b(?!s)", data))
-    for number, ((left, bottom, right, top), lines) in enumerate(pages, 1):
-        width, height = right - left, top - bottom
-        for name, paper in (("A4", A4), ("US Letter", LETTER)):
-            assert width <= paper[0] + 0.01 and height <= paper[1] + 0.01, f"page {number} is larger than {name}"
-        assert len(lines) > 20, f"page {number} has {len(lines)} lines"
-        assert "A4" in lines[0][3] and "US Letter" in lines[0][3], lines[0]  # the header line
-        for size, x, y, text in lines:
-            assert size >= MIN_FONT_SIZE, (size, text)
-            assert x >= 18 and x + len(text) * COURIER_WIDTH * size <= width - 18, (x, text)  # 1/4 in free
-            assert 18 <= y and y + size <= height - 18, (y, text)
-
-
-# ----------------------------------------------------------------------------- the python blocks
-def unbound_names(code):
-    """The names ``code`` loads that it never imports, assigns, defines or takes as an argument, and that are
-    no builtins: what it expects from outside."""
-    tree = ast.parse(code)
-    bound = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bound.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.ExceptHandler) and node.name:
-            bound.add(node.name)
-    loaded = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
-    return loaded - bound - set(dir(builtins))
+    assert lint.pdf_problems((COURSE_ROOT / "docs" / "cheatsheet.pdf").read_bytes()) == []
 
 
 def test_unbound_names_finds_a_module_used_without_its_import():
-    assert unbound_names("import torch\nx = torch.ones(2)\nprint(len(x))") == set()
-    assert unbound_names("import torch\ndist.all_reduce(torch.ones(1))") == {"dist"}
-    assert unbound_names("model = DDP(net)") == {"DDP", "net"}
-    assert unbound_names("import torch.distributed\ntorch.distributed.barrier()") == set()
+    assert lint.unbound_names("import torch\nx = torch.ones(2)\nprint(len(x))") == set()
+    assert lint.unbound_names("import torch\ndist.all_reduce(torch.ones(1))") == {"dist"}
+    assert lint.unbound_names("model = DDP(net)") == {"DDP", "net"}
+    assert lint.unbound_names("import torch.distributed\ntorch.distributed.barrier()") == set()
 
 
 def test_every_python_block_compiles_and_imports_what_it_uses():
-    blocks = python_blocks()
-    assert len(blocks) >= 4, "the sheet's python blocks were not found"
-    for number, code in enumerate(blocks, 1):
-        compile(code, f"python block {number}", "exec")
-        missing = unbound_names(code) - PLACEHOLDERS
-        assert not missing, f"python block {number} uses {sorted(missing)} without importing or defining them"
+    assert lint.python_block_problems(CHEATSHEET) == []
 
 
+# ----------------------------------------------------------------------------- the python blocks, run
 RUN_BLOCKS = """
 import json, os, sys
 import torch.distributed as dist
@@ -186,7 +82,7 @@ print("fsync calls", len(fsyncs))
 def test_every_python_block_runs_as_written_in_a_world_of_one(tmp_path):
     """Each block on its own, in a fresh namespace, with the environment torchrun gives rank 0 of 1. The
     checkpoint block leaves ckpt.pt (written through a temporary file and fsync), loadable as weights."""
-    blocks = python_blocks()
+    blocks = lint.python_blocks(CHEATSHEET)
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "run_blocks.py").write_text(RUN_BLOCKS)
     with socket.socket() as free:
@@ -199,7 +95,7 @@ def test_every_python_block_runs_as_written_in_a_world_of_one(tmp_path):
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert [f"ran block {n}" for n in range(1, len(blocks) + 1)] == result.stdout.splitlines()[:-1]
-    checkpoint = python_blocks(section(CHEATSHEET, "## 5. Checkpoints"))[0]
+    checkpoint = lint.python_blocks(section(CHEATSHEET, "## 5. Checkpoints"))[0]
     assert "os.fsync(f.fileno())" in checkpoint and result.stdout.splitlines()[-1] == "fsync calls 1"
     assert not (tmp_path / "ckpt.pt.tmp").exists()
     assert set(torch.load(tmp_path / "ckpt.pt", weights_only=True)) == {"weight", "bias"}  # no "module." prefix

@@ -1,6 +1,7 @@
-"""docs/troubleshooting.md, row by row: every row marked **tested** has its test (TESTS below, keyed by a
-phrase of the row's symptom; a tested row without one fails), and each test here reads its row and checks
-the row's text against what it reproduces, so that a changed row, or a changed torch, fails its test.
+"""docs/troubleshooting.md, row by row: every row marked **tested** has its test (docs/lint/troubleshooting.py's
+TESTS, keyed by a phrase of the row's symptom; a tested row without one fails), and each test here reads its
+row and checks the row's text against what it reproduces, so that a changed row, or a changed torch, fails
+its test.
 
 Launches are expensive (every rank imports torch), so the rows share them:
 - one plain Python process (no torchrun) tries the init methods: a port already in use, a host name
@@ -15,7 +16,6 @@ Launches are expensive (every rank imports torch), so the rows share them:
 - no launch at all: USE_LIBUV as torch reads it, torch.distributed.launch's extra --local-rank argument
   (from its parser and torchrun's config), and what torchrun reports for a worker that left no error file (no @record).
 """
-import ast
 import io
 import json
 import os
@@ -35,88 +35,17 @@ from ddpcourse.launch.launcher import STARTUP_TIMEOUT, processes_of_run, run
 from ddpcourse.authoring.makelabs import make_labs
 from ddpcourse.paths import COURSE_ROOT
 from ddpcourse.learner.progress import collect_status
+from helpers import docs_tool
 
-DOC = COURSE_ROOT / "docs" / "troubleshooting.md"
-
-
-def doc_rows():
-    """[symptom, cause, fix] of every row of the doc's tables (header and separator rows left out); an
-    escaped pipe (`\\|`) inside a cell is a pipe."""
-    rows = []
-    for line in DOC.read_text().splitlines():
-        if not line.startswith("|"):
-            continue
-        cells = [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
-        if cells[0].startswith("symptom") or set("".join(cells)) <= set("-: "):
-            continue
-        assert len(cells) == 3, f"a row of docs/troubleshooting.md without 3 cells: {line[:80]}"
-        rows.append(cells)
-    return rows
-
-
-def row(key):
-    """The whole text of the one row whose symptom contains ``key``."""
-    found = [" | ".join(cells) for cells in doc_rows() if key in cells[0]]
-    assert len(found) == 1, f"{len(found)} rows of docs/troubleshooting.md have {key!r} in their symptom"
-    return found[0]
-
-
-# Each row that tests something, by a phrase of its symptom: its tests, here (a name) or in another file
-# (tests/FILE.py::name). Rows marked **tested** must all be here; each test must exist.
-TESTS = {
-    "ProxyError('Cannot connect to proxy.'": ["tests/test_docs.py::test_pip_behind_a_proxy_it_cannot_reach"],
-    "No module named 'ddpcourse'": ["tests/test_docs.py::test_a_kernel_without_the_course_environment"],
-    "a Predict or progress cell shows only text": [
-        "tests/test_docs.py::test_the_widget_extension_comes_with_the_pinned_install"],
-    "name: EADDRINUSE, message: address already in use": [
-        "test_port_already_in_use_then_a_free_port", "test_torchrun_on_a_port_in_use_then_standalone"],
-    "The IPv6 network addresses of (no-such-host.invalid, 29500)": [
-        "test_host_name_that_does_not_resolve_then_loopback"],
-    "the doctor's `localhost` line is red": ["test_doctor_red_localhost_line_and_its_fix"],
-    "environment variable RANK expected, but not set": [
-        "tests/test_docs.py::test_a_script_started_without_a_launcher_needs_rank"],
-    "plain `torchrun` (not the course's launcher) on macOS or on a VPN": [
-        "tests/test_docs.py::test_plain_torchrun_advertises_getfqdn_unless_local_addr"],
-    "Do you want the application": [
-        "tests/test_launcher.py::test_two_runs_at_once_report_per_rank_and_list_their_sockets"],
-    "use_libuv was requested but PyTorch was built without libuv support": [
-        "test_use_libuv_0_is_read_by_torchs_stores"],
-    "The module torch.distributed.launch is deprecated": [
-        "test_legacy_launch_appends_local_rank_which_a_torchrun_script_rejects"],
-    "(stopped after T s, start-up included); all its processes were killed": [
-        "test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack"],
-    "the ranks did not start within 120 s": [
-        "tests/test_launcher.py::test_a_start_up_timeout_says_the_ranks_did_not_start"],
-    "exited with code 3 without a Python exception": ["test_a_rank_that_dies_is_named"],
-    "Received data size doesn't match expected size": ["test_collective_sizes_that_differ_abort_on_gloo"],
-    "training with N ranks is much slower than expected": [
-        "test_threads_outside_any_launcher_use_more_than_cores_per_rank",
-        "test_torchrun_sets_omp_num_threads_to_1_and_says_so",
-        "test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack",
-        "tests/test_launcher.py::test_threads_divide_the_usable_cores_unless_the_user_chose"],
-    "is not done yet (line L)": ["test_todos_one_at_a_time_versus_status"],
-    "Root Cause (first observed failure)": ["test_torchrun_without_record_reports_no_traceback"],
-    "terminate called without an active exception": ["test_destroy_process_group_leaves_no_group_open_at_exit"],
-    "ended with its process group open": ["tests/test_launcher.py::test_a_process_group_left_open_fails_the_run"],
-}
+lint = docs_tool("docs/lint/troubleshooting.py")
+row = lint.row  # the whole text of the one row whose symptom has a phrase
 
 
 def test_every_tested_row_has_its_tests_and_every_test_exists():
-    symptoms = [cells[0] for cells in doc_rows()]
-    for key in TESTS:
-        assert sum(key in symptom for symptom in symptoms) == 1, f"no single row of the doc has {key!r}: update TESTS"
-    untested = [symptom[:90] for symptom, *_ in doc_rows()
-                if "**tested**" in " ".join([symptom, *_]) and not any(key in symptom for key in TESTS)]
-    assert not untested, f"rows marked **tested** without a test in TESTS: {untested}"
-    for tests in TESTS.values():
-        for test in tests:
-            path, _, name = test.rpartition("::")
-            source = (COURSE_ROOT / (path or "tests/test_troubleshooting.py")).read_text()
-            assert name in {node.name for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}, test
-    for cells in doc_rows():  # a test a row names must exist too (in the file it names, else in tests/)
-        for path, name in re.findall(r"`(?:(tests/\w+\.py)::)?(test_\w+)`", " ".join(cells)):
-            files = [COURSE_ROOT / path] if path else sorted((COURSE_ROOT / "tests").glob("test_*.py"))
-            assert any(f"def {name}(" in file.read_text() for file in files), f"the doc names {path}::{name}: none"
+    """docs/lint/troubleshooting.py finds no problem: every row has 3 cells, every row marked **tested** has
+    its tests in its TESTS, and every test TESTS or a row names exists."""
+    problems = lint.problems()
+    assert not problems, "\n".join(problems)
 
 
 def clean_env(**extra):
