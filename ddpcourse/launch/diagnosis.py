@@ -57,12 +57,14 @@ def not_runnable(display_file, exists, syntax):
                        error=syntax.strip().splitlines()[-1])
 
 
-def timed_out(events, world_size, display_file, timeout, started, startup_limit):
+def timed_out(events, world_size, display_file, timeout, started, startup_limit, collectives=None):
     """The run ran out of time: a hang once every rank was ready (``started``), or a start-up that did not
-    end within ``startup_limit``. Named after the first rank still running (events: {rank: [event, ...]})."""
+    end within ``startup_limit``. Named after the likely cause the flight recorders show (``collectives``, a
+    HangReport), else the first rank still running (events: {rank: [event, ...]})."""
     running = [r for r in range(world_size) if not any(e["event"] in ENDINGS for e in events.get(r, []))] or [0]
     if started:
-        return RankFailure(running[0], TIMEOUT,
+        likely = collectives.likely_cause if collectives else None
+        return RankFailure(running[0] if likely is None else likely, TIMEOUT,
                            message=f"{display_file} did not finish within {timeout:g} s of every rank being ready")
     return RankFailure(running[0], STARTUP_TIMEOUT,
                        message=f"{display_file}: the ranks did not start within {startup_limit:g} s")

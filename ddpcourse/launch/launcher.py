@@ -29,11 +29,12 @@ from pathlib import Path
 from ddpcourse.launch import diagnosis
 from ddpcourse.launch.diagnosis import RankFailure  # noqa: F401 - part of this module's API
 from ddpcourse.launch.cores import threads_per_rank
-from ddpcourse.launch.events import ENDINGS, READY, SERVE_STORE, STARTED, WROTE, EventReader, RankFiles, read_failures
+from ddpcourse.launch.events import ENDINGS, EXCEPTION, READY, SERVE_STORE, STARTED, WROTE, EventReader, RankFiles, read_failures
 from ddpcourse.launch.printing import RunPrinter, verdict
 from ddpcourse.launch.processes import kill_run, processes_of_run  # noqa: F401 - processes_of_run: notebook 00
 from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
-from ddpcourse.launch.stacks import STILL_STARTING, dump_stacks, format_stack, stacks_text
+from ddpcourse.launch.collectives import BUFFER_SIZE, BUFFER_SIZE_ENV, HangReport, analyse, read_dumps, request_dumps
+from ddpcourse.launch.stacks import STILL_STARTING, dump_stacks, format_stack, lab_line, stacks_text
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
 
 DEFAULT_TIMEOUT = 60.0   # seconds a run may take once every rank is ready
@@ -63,6 +64,7 @@ class RunResult:
     interrupted: bool = False
     failure: RankFailure = None
     stacks: dict = field(default_factory=dict)   # rank -> formatted stack at the timeout
+    collectives: HangReport = None  # what the ranks' flight recorders say, when a run hung or crashed in them
     writes: dict = field(default_factory=dict)   # rank -> files its observer saw it write (checks/write_observer.py)
     message: str = ""
     aborted_at_exit: list = field(default_factory=list)  # ranks torch aborted after a complete run (diagnosis)
@@ -135,6 +137,9 @@ def build_env(world_size, spec_path, extra=None):
         # The ranks find ddpcourse even without `pip install -e .`.
         "PYTHONPATH": os.pathsep.join(filter(None, [str(COURSE_ROOT), env.get("PYTHONPATH")])),
     })
+    # torch's flight recorder: which collective each rank was in, for a hang's verdict (launch/collectives.py).
+    # A setting of the learner's own (0 turns it off) is kept.
+    env.setdefault(BUFFER_SIZE_ENV, str(BUFFER_SIZE))
     return env
 
 
@@ -176,12 +181,14 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir)
         except KeyboardInterrupt:
             result.interrupted = True
-            result.stacks = _stacks(run_dir, ranks.events, lab_file, wait=1.0)  # where were they? then stop them
+            result.stacks, _ = _stacks(run_dir, ranks.events, lab_file, wait=1.0)  # where were they? then stop them
         finally:
             kill_run(agents.procs, spec.path)  # also ends grandchildren a finished run left behind
             agents.join()
             ranks.close()
             exit_codes = _agent_exit_codes(run_dir)
+            if ranks.hang_evidence or exit_codes:  # only a run that failed is explained
+                result.collectives = _collectives(run_dir, ranks, lab_file)
 
     result.duration = time.monotonic() - start
     result.output = ranks.output
@@ -241,6 +248,8 @@ class _RankWatch:
         self.logs, self.events, self.printer = _RankLogs(run_dir), EventReader(run_dir), printer
         self.output = {rank: [] for rank in range(world)}
         self.ready = set()
+        self.world = world
+        self.hang_evidence = None  # at a timeout: ({rank: flight recorder dump}, {rank: (line, code) or None})
 
     def poll(self):
         """Read what is new; returns True when the last rank has just become ready."""
@@ -270,7 +279,9 @@ def _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir):
         now = time.monotonic()
         if now > deadline:
             result.timed_out = True
-            result.stacks = _stacks(run_dir, ranks.events, lab_file)
+            request_dumps(run_dir)  # the ranks' flight recorders, written while the stacks are taken
+            result.stacks, lines = _stacks(run_dir, ranks.events, lab_file)
+            ranks.hang_evidence = (read_dumps(run_dir, lines, wait=2.0), lines)
             return
         # the view shows the clock the timeout counts: from the moment every rank is ready
         printer.tick(now - start, None if all_ready_at is None else now - all_ready_at, ranks.ready)
@@ -291,7 +302,7 @@ def _judge(result, agents, ranks, exit_codes, shown, timeout):
         result.writes[rank] = [e["path"] for e in by_rank[rank] if e["event"] == WROTE]
     if result.timed_out:
         result.failure = diagnosis.timed_out(by_rank, world, shown, timeout, len(ranks.ready) == world,
-                                             STARTUP_TIMEOUT)
+                                             STARTUP_TIMEOUT, result.collectives)
         return
     result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown)
     result.aborted_at_exit = diagnosis.aborted_after_finishing(by_rank, world, exit_codes)
@@ -311,17 +322,35 @@ def _agent_exit_codes(run_dir):
     return {rank: row["exitcode"] for rank, row in read_failures(run_dir).items()}
 
 
+def _collectives(run_dir, ranks, lab_file):
+    """The HangReport of the ranks' flight recorders: those asked for at a timeout, or those the ranks wrote
+    when they raised. None when no rank was in a collective that matters (most failures)."""
+    dumps, lines = ranks.hang_evidence or (read_dumps(run_dir, range(ranks.world), wait=0), {})
+    if not dumps:
+        return None
+    raised = {}
+    for rank in range(ranks.world):
+        exception = ranks.events.first(rank, EXCEPTION)
+        if exception is not None:
+            raised[rank] = exception.get("lab_line")
+    report = analyse(dumps, lab_file, alive=set(lines), raised=raised,
+                     stack_lines={r: line for r, line in lines.items() if line})
+    return report if report.waiting or report.failed_in or report.disagreement is not None else None
+
+
 def _stacks(run_dir, events, lab_file, wait=2.0):
-    """{rank: where it is}: the formatted stack of each rank running the script; one line for a rank still
-    starting, whose stack is only torch's imports (kilobytes of them) and says nothing about the script."""
+    """({rank: where it is}, {rank: (line, code) of its innermost frame in the script, or None}) of each rank
+    running the script: the formatted stack; one line for a rank still starting, whose stack is only torch's
+    imports (kilobytes of them) and says nothing about the script."""
     events.poll()  # what the ranks wrote since the last look (an interrupt can come before the loop read it)
     pids = {rank: events.first(rank, STARTED)["pid"] for rank in events.ranks() if events.first(rank, STARTED)}
     live = {rank: pid for rank, pid in pids.items() if not any(e["event"] in ENDINGS for e in events.events(rank))}
     starting = {rank for rank in live if events.first(rank, READY) is None}
     raw = dump_stacks(run_dir, {rank: pid for rank, pid in live.items() if rank not in starting}, wait=wait)
     where = {rank: format_stack(text, lab_file) for rank, text in raw.items()}
+    lines = {rank: lab_line(text, lab_file) for rank, text in raw.items()}
     where.update({rank: STILL_STARTING for rank in starting})
-    return dict(sorted(where.items()))
+    return dict(sorted(where.items())), lines
 
 
 def _stacks_text(result):

@@ -72,7 +72,8 @@ def verdict(result, shown):
                               "machine): the script itself had not begun."])
         # the timeout counts from every rank being ready; the time since the launch, start-up included, is longer
         stopped = f" (stopped after {result.duration:.1f} s, start-up included)" if result.duration else ""
-        return "\n".join([f"TIMEOUT: {why or shown + ' did not finish'}{stopped}; all its processes were killed. "
+        return "\n".join([f"TIMEOUT: {why or shown + ' did not finish'}{stopped}; all its processes were killed.",
+                          *_collectives_lines(result, shown),
                           "Where each rank was (most recent call first):",
                           stacks_text(result.stacks, result.world_size),
                           "A rank waiting in a collective usually means another rank never made the matching call."])
@@ -80,7 +81,12 @@ def verdict(result, shown):
     if failure is None:
         tail = "\n".join(result.agent_output.strip().splitlines()[-15:])
         return f"FAILED: {shown} (exit code {result.returncode}); torchrun said:\n{tail}"
-    text = f"FAILED: {failure.message}"
+    text = "\n".join([f"FAILED: {failure.message}", *_collectives_lines(result, shown)])
     if failure.details:
         text += "\n" + failure.details.rstrip()
     return text
+
+
+def _collectives_lines(result, shown):
+    """What the ranks' flight recorders say (ddpcourse.launch.collectives), ahead of the stacks or traceback."""
+    return result.collectives.lines(shown) if result.collectives else []

@@ -10,6 +10,9 @@ events in the run folder (ddpcourse.launch.events):
   the root-cause rank instead of printing torchrun's wall of text; torch's ``ErrorHandler`` also writes it to
   torchrun's error file, so torchrun's own summary names it (the launcher reads it back from the agent's
   ``ChildFailedError.failures``);
+- its flight recorder (torch's record of the collectives it launched) is written to the run folder when it
+  raises, and when the launcher asks at a timeout, by a thread of the rank: the main thread is blocked in a
+  collective then (ddpcourse.launch.collectives reads them);
 - at the end of the script it records whether the default process group is still open (a lab must call
   ``dist.destroy_process_group()``; the launcher reports an open one);
 - a watchdog ends the rank and its children if its parent (torchrun's agent) dies;
@@ -26,9 +29,11 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
 
 from ddpcourse.todos import todo_in_message
+from ddpcourse.launch.collectives import BUFFER_SIZE_ENV, DUMP_REQUEST, dump_file
 from ddpcourse.launch.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, STARTED, write_event
 from ddpcourse.launch.processes import watch_parent
 from ddpcourse.launch.spec import current_spec
@@ -46,6 +51,47 @@ def _redirect_output(run_dir, rank):
     faulthandler.enable(file=2)  # a segfault still leaves a stack in the log
 
 
+def _dump_collectives(run_dir, rank, lines=True):
+    """Write this rank's flight recorder to the run folder, when the script used torch.distributed (the record
+    outlives destroy_process_group: a rank that finished still tells what it called). Written to another name
+    and renamed: the launcher reads whole files only. lines: with the Python frames of each call, which costs
+    about a second the first time (torch imports torch._dynamo to symbolize them): for a failure only; a rank
+    that finished well leaves its calls without them (about a millisecond)."""
+    distributed = sys.modules.get("torch.distributed")
+    if not (distributed and distributed.is_available() and os.environ.get(BUFFER_SIZE_ENV, "0") != "0"):
+        return
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace
+
+        target = dump_file(run_dir, rank)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_bytes(_dump_fr_trace(includeStackTraces=lines))
+        os.replace(partial, target)
+    except Exception:  # noqa: BLE001 - evidence for the verdict, never a reason for the rank to fail
+        pass
+
+
+class _DumpOnRequest:
+    """A thread that writes the flight recorder when the launcher asks (DUMP_REQUEST appears in the run
+    folder); stopped before the interpreter exits, so nothing of it runs during finalization."""
+
+    def __init__(self, run_dir, rank):
+        self.request, self.stop = os.path.join(run_dir, DUMP_REQUEST), threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(run_dir, rank), daemon=True,
+                                       name="ddpcourse-collectives")
+        self.thread.start()
+
+    def _serve(self, run_dir, rank):
+        while not self.stop.wait(0.1):
+            if os.path.exists(self.request):
+                _dump_collectives(run_dir, rank)
+                return
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=1.0)
+
+
 def _lab_frames(tb, lab_file):
     """The traceback entries from the lab file onwards (the bootstrap and runpy are noise)."""
     entries = traceback.extract_tb(tb)
@@ -55,7 +101,12 @@ def _lab_frames(tb, lab_file):
     return entries
 
 
-def _record_exception(exc, lab_file):
+def _record_exception(exc, lab_file, run_dir, rank):
+    # before the event: when the launcher sees the exception, the file is there. With the calls' lines when the
+    # exception came out of torch.distributed (a failed collective), the case their cost is worth it.
+    in_collective = any(f"torch{os.sep}distributed{os.sep}" in entry.filename
+                        for entry in traceback.extract_tb(exc.__traceback__))
+    _dump_collectives(run_dir, rank, lines=in_collective)
     frames = _lab_frames(exc.__traceback__, lab_file)
     text = "Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
     text += "".join(traceback.format_exception_only(type(exc), exc))
@@ -103,13 +154,14 @@ def _process_group_open():
     return bool(distributed and distributed.is_available() and distributed.is_initialized())
 
 
-def _finished():
+def _finished(run_dir, rank):
     """Record the end of the script and whether the default process group is still open; then free what
     the script left while the interpreter is whole. Why: torch 2.13 aborts now and then ("terminate called
     without an active exception") when DDP's objects are destroyed during the interpreter's finalization;
     benchmarks/exit_after_destroy.py counts it under a bare torchrun, with the collection and without (0 of
     25 against 4 of 19 here). Rarer, not gone: the launcher names an abort that still comes after a complete
     run (ddpcourse.launch.diagnosis.aborted_after_finishing)."""
+    _dump_collectives(run_dir, rank, lines=False)  # a peer that hangs or fails is compared with these calls
     write_event(FINISHED, process_group_open=_process_group_open())
     gc.collect()
 
@@ -134,22 +186,27 @@ def main():
     sys.argv = [lab_file] + sys.argv[2:]
     sys.path.insert(0, os.path.dirname(lab_file))  # as `python lab.py` would
     write_event(READY)
+    dumper = _DumpOnRequest(spec.run_dir, rank)
     try:
         runpy.run_path(lab_file, run_name="__main__")
     except SystemExit as exc:
+        dumper.close()
         code = exc.code
         if code in (None, 0):
-            _finished()
+            _finished(spec.run_dir, rank)
         else:
             write_event(EXIT, code=code if isinstance(code, int) else 1, message=str(code))
         raise
     except KeyboardInterrupt:
+        dumper.close()
         write_event(INTERRUPTED)
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, then the rank fails as it would have
-        _record_exception(exc, lab_file)
+        dumper.close()
+        _record_exception(exc, lab_file, spec.run_dir, rank)
         sys.exit(1)
-    _finished()
+    dumper.close()
+    _finished(spec.run_dir, rank)
 
 
 if __name__ == "__main__":

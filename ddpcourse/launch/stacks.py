@@ -49,8 +49,8 @@ def _short(path):
     return display_path(path) if os.path.isabs(path) else path
 
 
-def format_stack(raw, lab_file):
-    """The thread that is running the lab, most recent call first, the lab's own lines marked ``->``."""
+def _lab_thread(raw, lab_file):
+    """[(file, line, function)] of the thread running the lab, most recent call first; None if none is."""
     threads, current = [], None
     for line in raw.splitlines():
         if "(most recent call first)" in line:
@@ -62,10 +62,27 @@ def format_stack(raw, lab_file):
                 current.append((match.group(1), int(match.group(2)), match.group(3)))
     lab_file = str(Path(lab_file).resolve())
     lab_threads = [t for t in threads if any(os.path.abspath(f) == lab_file for f, _, _ in t)]
-    if not lab_threads:
+    return lab_threads[-1] if lab_threads else None
+
+
+def lab_line(raw, lab_file):
+    """(line, code) of the innermost frame in the lab file of the thread running it, or None."""
+    frames = _lab_thread(raw, lab_file) or []
+    lab_file = str(Path(lab_file).resolve())
+    for filename, lineno, _ in frames:
+        if os.path.abspath(filename) == lab_file:
+            return lineno, linecache.getline(filename, lineno).strip()
+    return None
+
+
+def format_stack(raw, lab_file):
+    """The thread that is running the lab, most recent call first, the lab's own lines marked ``->``."""
+    frames = _lab_thread(raw, lab_file)
+    if frames is None:
         return raw.strip()
+    lab_file = str(Path(lab_file).resolve())
     out = []
-    for filename, lineno, func in lab_threads[-1]:
+    for filename, lineno, func in frames:
         if "runpy" in filename or filename.endswith(os.path.join("launch", "rank.py")):
             break
         if filename.startswith("<frozen importlib"):  # the import machinery: noise between modules

@@ -1,0 +1,150 @@
+"""The verdict names the cause of a hang or a crash in the collectives, from torch's flight recorder
+(ddpcourse/launch/collectives.py): the rule on dumps shaped as torch 2.13 writes them, then two broken scripts
+the course has never run, launched for real (a hang and a crash: every dump path once)."""
+import textwrap
+
+from ddpcourse.launch.collectives import BUFFER_SIZE_ENV, analyse, calls_of
+from ddpcourse.launch.launcher import build_env, run
+
+LAB = "/course/train.py"
+
+
+def entry(seq, op, sizes=((4,),), dtypes=("Float",), line=10, group="0", p2p=False):
+    """One flight-recorder entry as _dump_fr_trace() writes it (frames innermost first)."""
+    frames = [{"name": op, "filename": "/torch/distributed/distributed_c10d.py", "line": 3245},
+              {"name": "<module>", "filename": LAB, "line": line}]
+    return {"process_group": (group, "default_pg"), "collective_seq_id": seq, "profiling_name": f"gloo:{op}",
+            "input_sizes": [list(s) for s in sizes], "input_dtypes": list(dtypes), "state": "scheduled",
+            "frames": frames if line else [], "is_p2p": p2p}
+
+
+def dump(entries, completed):
+    return {"version": "2.10", "pg_status": {"0": {"last_completed_collective": completed}}, "entries": entries}
+
+
+def test_the_first_call_that_differs_in_op_is_named_with_each_ranks_line():
+    ranks = {0: dump([entry(1, "all_reduce"), entry(2, "all_reduce", line=14)], completed=1),
+             1: dump([entry(1, "all_reduce"), entry(2, "broadcast", line=17)], completed=1)}
+    report = analyse(ranks, LAB, alive={0, 1})
+    assert (report.disagreement, report.mismatch) == (2, "op")
+    assert {r: (c.op, c.line) for r, c in report.waiting.items()} == {0: ("all_reduce", 14), 1: ("broadcast", 17)}
+    assert report.likely_cause == 0 and not report.outside
+    first = report.lines("train.py")[0]
+    assert first.startswith("The ranks disagree first at collective #2 (different collectives)")
+    assert "rank 0: all_reduce #2 of float32[4] at train.py:14" in first and "rank 1: broadcast #2" in first
+
+
+def test_sizes_and_dtypes_mismatches_are_named_before_an_earlier_call_from_another_line():
+    # ranks may make one collective from two branches of an if (#2): the size mismatch (#3) is the cause
+    ranks = {0: dump([entry(1, "all_reduce"), entry(2, "broadcast", line=20), entry(3, "all_reduce", ((4,),))], 2),
+             1: dump([entry(1, "all_reduce"), entry(2, "broadcast", line=22), entry(3, "all_reduce", ((6,),))], 2)}
+    assert (analyse(ranks, LAB).disagreement, analyse(ranks, LAB).mismatch) == (3, "sizes")
+    ranks[1]["entries"][2] = entry(3, "all_reduce", dtypes=("Double",))
+    report = analyse(ranks, LAB)
+    assert (report.disagreement, report.mismatch) == (3, "dtypes") and "float64[4]" in report.lines("t.py")[0]
+
+
+def test_an_extra_call_on_one_rank_shows_as_the_same_op_from_another_line():
+    # both ranks hang (alive), their lines recorded: #2 is made from another line on each
+    ranks = {0: dump([entry(1, "all_reduce", line=9), entry(2, "all_reduce", line=16), entry(3, "all_reduce", line=9)],
+                     completed=2),
+             1: dump([entry(1, "all_reduce", line=9), entry(2, "all_reduce", line=9), entry(3, "barrier", (), (),
+                                                                                         line=30)], completed=2)}
+    report = analyse(ranks, LAB, alive={0, 1})
+    assert (report.disagreement, report.mismatch) == (3, "op")  # a strong mismatch first
+    ranks[1]["entries"][2] = entry(3, "all_reduce", line=9)
+    report = analyse(ranks, LAB, alive={0, 1})
+    assert (report.disagreement, report.mismatch) == (2, "line")
+
+
+def test_a_rank_that_ended_with_fewer_calls_is_named_and_its_missing_lines_are_no_disagreement():
+    # rank 1 finished well: its record has no frames; rank 0 made one more call and waits in it
+    ranks = {0: dump([entry(1, "all_reduce", line=9), entry(2, "all_reduce", line=16), entry(3, "all_reduce", line=9)],
+                     completed=2),
+             1: dump([entry(1, "all_reduce", line=None), entry(2, "all_reduce", line=None)], completed=2)}
+    report = analyse(ranks, LAB, alive={0})
+    assert report.disagreement is None and not report.outside and report.waiting[0].seq == 3
+    assert {r: c.seq for r, c in report.ended_after.items()} == {1: 2}
+    # the same, rank 0 having raised in its third call: the recorder counts that call completed
+    ranks[0]["pg_status"]["0"]["last_completed_collective"] = 3
+    report = analyse(ranks, LAB, raised={0: 9})
+    assert not report.waiting and report.failed_in[0].seq == 3 and report.ended_after[1].seq == 2
+    assert "  rank 0 failed in all_reduce #3 of float32[4] at t.py:9" in report.lines("t.py")
+    assert not analyse(ranks, LAB, raised={0: 12}).failed_in  # raised elsewhere: not in that call
+
+
+def test_a_rank_in_no_collective_while_others_wait_is_the_likely_cause_with_its_line():
+    ranks = {0: dump([entry(1, "all_reduce"), entry(2, "all_reduce", line=26)], completed=1),
+             1: dump([entry(1, "all_reduce")], completed=1),
+             2: dump([entry(1, "all_reduce"), entry(2, "all_reduce", line=26)], completed=1)}
+    report = analyse(ranks, LAB, alive={0, 1, 2}, stack_lines={1: (25, "time.sleep(60)")})
+    assert report.outside == [1] and report.likely_cause == 1 and report.disagreement is None
+    assert report.lines("train.py")[0] == ("Likely cause: rank 1 is in no collective (its stack is at train.py:25: "
+                                           "time.sleep(60)) while rank(s) [0, 2] wait in one.")
+
+
+def test_point_to_point_entries_and_other_groups_are_kept_apart():
+    entries = [entry(1, "all_reduce"), entry(1, "send", p2p=True), entry(1, "all_gather", group="1")]
+    calls = calls_of(dump(entries, completed=1), LAB)
+    assert [(c.group, c.seq, c.op, c.completed) for c in calls] == [("0", 1, "all_reduce", True),
+                                                                   ("1", 1, "all_gather", False)]
+
+
+def test_every_run_records_its_collectives_unless_the_learner_chose(tmp_path):
+    assert build_env(2, tmp_path / "run.json")[BUFFER_SIZE_ENV] == "2000"
+    assert build_env(2, tmp_path / "run.json", {BUFFER_SIZE_ENV: "0"})[BUFFER_SIZE_ENV] == "0"
+
+
+def _script(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_a_hang_from_collectives_in_another_order_is_named_ahead_of_the_stacks(tmp_path):
+    path = _script(tmp_path, "order.py", """\
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        x = torch.ones(4)
+        dist.all_reduce(x)
+        if dist.get_rank() == 0:
+            dist.all_reduce(x)
+            dist.broadcast(x, src=0)
+        else:
+            dist.broadcast(x, src=0)
+            dist.all_reduce(x)
+        dist.destroy_process_group()
+        """)
+    result = run(path, nproc=2, timeout=3, show="none")
+    assert result.timed_out and result.collectives is not None, result.message
+    report = result.collectives
+    assert (report.disagreement, report.mismatch) == (2, "op")
+    assert {r: (c.op, c.line) for r, c in report.calls_at.items()} == {0: ("all_reduce", 8), 1: ("broadcast", 11)}
+    verdict = result.message.splitlines()
+    assert verdict[1].startswith("The ranks disagree first at collective #2 (different collectives): rank 0: "
+                                 "all_reduce #2 of float32[4] at")
+    assert verdict.index("Where each rank was (most recent call first):") > 1  # the cause comes first
+
+
+def test_a_crash_after_one_ranks_extra_call_names_the_call_from_the_finished_peers_record(tmp_path):
+    path = _script(tmp_path, "extra.py", """\
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        for step in range(3):
+            dist.all_reduce(torch.ones(4))
+            if dist.get_rank() == 0 and step == 1:
+                dist.all_reduce(torch.ones(4))  # a logging all-reduce only rank 0 makes
+        dist.destroy_process_group()
+        """)
+    result = run(path, nproc=2, timeout=30, show="none")
+    assert not result.ok and not result.timed_out and result.failure.rank == 0, result.message
+    report = result.collectives  # rank 1 finished: its record has the calls, not their lines (too costly)
+    assert report.disagreement is None and report.failed_in[0].seq == 4 and report.ended_after[1].seq == 3
+    assert result.message.splitlines()[1:3] == [
+        "Rank 1 ended after collective #3 while rank(s) [0] went on to more: they made a collective that rank 1 "
+        "never made.",
+        f"  rank 0 failed in all_reduce #4 of float32[4] at {path}:6 (dist.all_reduce(torch.ones(4)))"]
