@@ -654,8 +654,8 @@ def test_a_rank_still_starting_is_one_line_not_its_import_stack(tmp_path):
         with open(tmp_path / f"rank{rank}.events", "a") as f:
             f.write(json.dumps({"time": 0.0, "pid": os.getpid(), **event}) + "\n")
     reader = EventReader(tmp_path)
-    where = _stacks(tmp_path, reader, tmp_path / "lab.py", wait=0.1)
-    assert where == {0: STILL_STARTING}
+    where, lines = _stacks(tmp_path, reader, tmp_path / "lab.py", wait=0.1)
+    assert where == {0: STILL_STARTING} and lines == {}
     assert not list(tmp_path.glob("*.stacks"))  # this process was never signalled for a stack
     assert stacks_text(where, 2).splitlines() == [f"rank 0: {STILL_STARTING}",
                                                   "rank 1: no stack (not running yet, or already gone)"]

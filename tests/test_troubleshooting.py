@@ -313,6 +313,20 @@ def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble, monkey
     first = first.replace("within 3 s of", "within S s of")
     assert f"`{first.replace(str(trouble), 'labs/NN_x.py')}`" in text, first  # the row's text, this run's file
     assert "for rank 0 and `-> trouble.py:LINE in <module>:  dist.barrier()` for rank 1" in text
+    # the flight recorders' lines, ahead of the stacks: the rank in no collective, then the first disagreement
+    said, source = result.message.splitlines(), trouble.read_text().splitlines()
+    spinning = result.collectives.outside_lines[2][0]
+    assert said[1] == (f"Likely cause: rank 2 is in no collective (its stack is at {trouble}:{spinning}: "
+                       f"{source[spinning - 1].strip()}) while rank(s) [0, 1] wait in one.")
+    assert said[2] == (f"The ranks disagree first at collective #1 (different collectives): rank 0: all_reduce #1 of "
+                       f"float32[1] at {trouble}:{all_reduce} ({source[all_reduce - 1].strip()}); rank 1: barrier #1 at "
+                       f"{trouble}:{barrier} ({source[barrier - 1].strip()}).")
+    assert result.failure.rank == 2  # the likely cause is the rank the verdict is named after
+    # the row shows both lines, with LINE for the numbers, "..." for the spinning line and no comments
+    cause = said[1].replace(f"{trouble}:{spinning}: {source[spinning - 1].strip()}", "trouble.py:LINE: ...")
+    disagree = (said[2].replace(f"{trouble}:{all_reduce}", "trouble.py:LINE").replace(f"{trouble}:{barrier}", "trouble.py:LINE")
+                .replace(source[barrier - 1].strip(), "dist.barrier()"))
+    assert f"`{cause}`" in text and f"`{disagree}`" in text
     assert "`-> trouble.py:LINE in <module>:  dist.all_reduce(" in text
     # the same run shows what the launcher does against oversubscription: the usable cores / ranks threads each,
     # and torch in each rank follows it

@@ -281,7 +281,9 @@ def _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir):
             result.timed_out = True
             request_dumps(run_dir)  # the ranks' flight recorders, written while the stacks are taken
             result.stacks, lines = _stacks(run_dir, ranks.events, lab_file)
-            ranks.hang_evidence = (read_dumps(run_dir, lines, wait=2.0), lines)
+            # a rank writes its record with the lines of its calls: ~1 s the first time (torch imports its
+            # symbolizer), several on a loaded machine
+            ranks.hang_evidence = (read_dumps(run_dir, lines, wait=8.0), lines)
             return
         # the view shows the clock the timeout counts: from the moment every rank is ready
         printer.tick(now - start, None if all_ready_at is None else now - all_ready_at, ranks.ready)
