@@ -148,3 +148,33 @@ def test_a_crash_after_one_ranks_extra_call_names_the_call_from_the_finished_pee
         "Rank 1 ended after collective #3 while rank(s) [0] went on to more: they made a collective that rank 1 "
         "never made.",
         f"  rank 0 failed in all_reduce #4 of float32[4] at {path}:6 (dist.all_reduce(torch.ones(4)))"]
+
+
+def test_parameters_that_got_no_gradient_are_named_not_only_numbered(tmp_path):
+    """DDP's error lists indices (names need TORCH_DISTRIBUTED_DEBUG); the verdict names them from the model."""
+    path = _script(tmp_path, "unused.py", """\
+        import torch
+        import torch.distributed as dist
+        import torch.nn as nn
+        from torch.nn.parallel import DistributedDataParallel
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body, self.spare, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+
+            def forward(self, x):
+                return self.head(self.body(x))  # spare is never used
+
+
+        dist.init_process_group("gloo")
+        ddp = DistributedDataParallel(Net())
+        for step in range(2):  # the second step finds the first one's reduction unfinished
+            ddp(torch.randn(2, 4)).sum().backward()
+        dist.destroy_process_group()
+        """)
+    result = run(path, nproc=1, timeout=30, show="none")
+    assert not result.ok and result.failure.unused_parameters == [[2, "spare.weight"], [3, "spare.bias"]], result.message
+    assert result.message.splitlines()[1] == ("Parameters that got no gradient on rank 0: spare.weight, spare.bias "
+                                              "(DDP's indices 2 3).")

@@ -48,6 +48,7 @@ class RankFailure:
     details: str = ""
     error: str = ""
     hint: str = ""
+    unused_parameters: list = None  # [[index, name]] of the parameters DDP says got no gradient on this rank
 
 
 def not_runnable(display_file, exists, syntax):
@@ -120,11 +121,12 @@ def aborted_after_finishing(events, world_size, exit_codes):
     return sorted(rank for rank, code in codes.items() if code == -signal.SIGABRT)
 
 
-def root_cause(events, world_size, exit_codes, display_file):
+def root_cause(events, world_size, exit_codes, display_file, last_lines=None):
     """The RankFailure that explains the run, or None when every rank ended well.
 
     events: {rank: [event, ...]} of each rank's latest attempt; exit_codes: {rank: code} of the ranks
-    whose process ended with a non-zero code (others: absent or 0)."""
+    whose process ended with a non-zero code (others: absent or 0); last_lines: {rank: (line, code)} of the
+    script's line in the stack a rank's fatal signal left in its log (faulthandler), when it left one.""" 
     if aborted_after_finishing(events, world_size, exit_codes):
         return None
     exceptions, exits, finished, silent = [], [], [], []
@@ -155,8 +157,10 @@ def root_cause(events, world_size, exit_codes, display_file):
             code = codes.get(rank)
             how = describe_exit(code, in_script=True) if code is not None else "stopped without a Python exception"
             lost = ": the other ranks lost their peer." if world_size > 1 else "."
+            line, text = (last_lines or {}).get(rank) or (None, "")
+            at = f" at {display_file}:{line} ({text})" if line else ""
             return RankFailure(rank, _exit_kind(code), code, details=_peer_errors(exceptions),
-                               message=f"rank {rank} {how}{lost}")
+                               message=f"rank {rank} {how}{at}{lost}")
         rank, row = min(exceptions, key=lambda item: item[1]["time"])
         early = [r for r, _ in finished]
         if early:
@@ -201,4 +205,5 @@ def _exception_failure(rank, row, exceptions, codes, display_file):
     if others:
         details += "\nThe other ranks failed as a consequence:\n" + _peer_errors(others)
     return RankFailure(rank, EXCEPTION_KIND, codes.get(rank), error=_error(row), details=details,
-                       message=f"rank {rank} raised {row['type']}: {_first_line(row['message'])}{also}")
+                       message=f"rank {rank} raised {row['type']}: {_first_line(row['message'])}{also}",
+                       unused_parameters=row.get("unused_parameters"))

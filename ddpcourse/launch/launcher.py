@@ -197,7 +197,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
         print(f"Interrupted: every process of this run of {shown} was stopped. "  # even if quiet
               f"Where each rank was (most recent call first):\n{_stacks_text(result)}", flush=True)
         raise RunInterrupted("Where each rank was is printed above.") from None
-    _judge(result, agents, ranks, exit_codes, shown, timeout)
+    _judge(result, agents, ranks, exit_codes, shown, timeout, lab_file)
     return _say_verdict(result, shown, show)
 
 
@@ -293,7 +293,7 @@ def _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir):
             pass
 
 
-def _judge(result, agents, ranks, exit_codes, shown, timeout):
+def _judge(result, agents, ranks, exit_codes, shown, timeout, lab_file):
     """The run's outcome from structured evidence: exit codes, each rank's events and reports."""
     world = len(ranks.output)
     result.returncode = 124 if result.timed_out else agents.returncode()
@@ -306,7 +306,10 @@ def _judge(result, agents, ranks, exit_codes, shown, timeout):
         result.failure = diagnosis.timed_out(by_rank, world, shown, timeout, len(ranks.ready) == world,
                                              STARTUP_TIMEOUT, result.collectives)
         return
-    result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown)
+    # a rank killed by a signal: where its faulthandler stack (in its log) was in the script
+    last_lines = {rank: lab_line("\n".join(ranks.output.get(rank, [])), lab_file) for rank, code in exit_codes.items()
+                  if code and code < 0}
+    result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown, last_lines)
     result.aborted_at_exit = diagnosis.aborted_after_finishing(by_rank, world, exit_codes)
     if result.aborted_at_exit:  # torch's exit race, after a complete run: see aborted_after_finishing
         result.returncode = 0

@@ -81,7 +81,7 @@ def verdict(result, shown):
     if failure is None:
         tail = "\n".join(result.agent_output.strip().splitlines()[-15:])
         return f"FAILED: {shown} (exit code {result.returncode}); torchrun said:\n{tail}"
-    text = "\n".join([f"FAILED: {failure.message}", *_collectives_lines(result, shown)])
+    text = "\n".join([f"FAILED: {failure.message}", *_unused_lines(failure), *_collectives_lines(result, shown)])
     if failure.details:
         text += "\n" + failure.details.rstrip()
     return text
@@ -90,3 +90,12 @@ def verdict(result, shown):
 def _collectives_lines(result, shown):
     """What the ranks' flight recorders say (ddpcourse.launch.collectives), ahead of the stacks or traceback."""
     return result.collectives.lines(shown) if result.collectives else []
+
+
+def _unused_lines(failure):
+    """The parameters DDP says got no gradient, by name (ddpcourse.launch.rank reads them from the model)."""
+    if not failure.unused_parameters:
+        return []
+    names = ", ".join(name for _, name in failure.unused_parameters)
+    indices = " ".join(str(index) for index, _ in failure.unused_parameters)
+    return [f"Parameters that got no gradient on rank {failure.rank}: {names} (DDP's indices {indices})."]

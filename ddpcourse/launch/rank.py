@@ -26,6 +26,7 @@ import faulthandler
 import gc
 import importlib
 import os
+import re
 import runpy
 import signal
 import sys
@@ -92,6 +93,31 @@ class _DumpOnRequest:
         self.thread.join(timeout=1.0)
 
 
+# DDP's error for parameters that got no gradient lists their indices; their names need a debug level the
+# learner may not have set. The indices are the one thing read from torch's message: the names are DDP's own.
+_UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
+
+
+def _unused_parameters(exc):
+    """{index: name} of the parameters DDP says got no gradient, named by the one DDP model in this process
+    that has them (DistributedDataParallel._build_debug_param_to_name_mapping); {} otherwise."""
+    found = _UNUSED.search(str(exc))
+    ddp_module = sys.modules.get("torch.nn.parallel.distributed")
+    if not found or ddp_module is None:
+        return {}
+    indices = [int(i) for i in found.group(1).split()]
+    models = [o for o in gc.get_objects() if isinstance(o, ddp_module.DistributedDataParallel)]
+    names = []
+    for model in models:
+        try:
+            mapping = model._build_debug_param_to_name_mapping(model._build_params_for_reducer()[0])
+        except Exception:  # noqa: BLE001 - a name is a courtesy: without one the verdict keeps the indices
+            continue
+        if all(i in mapping for i in indices):
+            names.append({i: mapping[i] for i in indices})
+    return names[0] if len(names) == 1 else {}
+
+
 def _lab_frames(tb, lab_file):
     """The traceback entries from the lab file onwards (the bootstrap and runpy are noise)."""
     entries = traceback.extract_tb(tb)
@@ -114,6 +140,9 @@ def _record_exception(exc, lab_file, run_dir, rank):
     lab_lines = [f for f in frames if os.path.abspath(f.filename) == lab_file]
     if lab_lines:
         fields["lab_line"] = lab_lines[-1].lineno
+    unused = _unused_parameters(exc) if isinstance(exc, RuntimeError) else {}
+    if unused:
+        fields["unused_parameters"] = [[index, name] for index, name in sorted(unused.items())]
     todo = todo_in_message(str(exc)) if isinstance(exc, NotImplementedError) else None
     if todo:
         fields["todo"] = {"number": todo[0], "hint": todo[1]}
