@@ -178,3 +178,16 @@ def test_parameters_that_got_no_gradient_are_named_not_only_numbered(tmp_path):
     assert not result.ok and result.failure.unused_parameters == [[2, "spare.weight"], [3, "spare.bias"]], result.message
     assert result.message.splitlines()[1] == ("Parameters that got no gradient on rank 0: spare.weight, spare.bias "
                                               "(DDP's indices 2 3).")
+
+
+def test_the_group_the_ranks_are_stuck_in_comes_before_an_older_groups_mismatch():
+    # group 1's mismatch ended long ago (its timeout raised and was caught); the ranks now wait in group 0
+    ranks = {r: dump([entry(1, "all_reduce" if r == 0 else "barrier", group="1", line=38),
+                      entry(1, "all_reduce" if r == 0 else "barrier", line=50 + r)], completed=0) for r in (0, 1)}
+    for r in (0, 1):
+        ranks[r]["pg_status"]["1"] = {"last_completed_collective": 1}
+    report = analyse(ranks, LAB, alive={0, 1}, stack_lines={0: (50, ""), 1: (51, "")})
+    assert (report.disagreement, report.calls_at[0].group, report.mismatch) == (1, "0", "op")
+    assert {r: (c.group, c.line) for r, c in report.waiting.items()} == {0: ("0", 50), 1: ("0", 51)}
+    del ranks[0]["entries"][1], ranks[1]["entries"][1]  # only group 1's calls: its mismatch is named, with its group
+    assert analyse(ranks, LAB).lines("t.py")[0].startswith("The ranks disagree first at collective #1 of group 1 ")

@@ -53,7 +53,8 @@ class CollectiveCall:
         """"all_reduce #3 of float32[4] at train.py:16 (dist.all_reduce(loss))"."""
         tensors = ", ".join(f"{DTYPES.get(dtype, dtype)}{list(size)}" for size, dtype in zip(self.sizes, self.dtypes))
         where = f" at {script}:{self.line}" + (f" ({self.code})" if self.code else "") if self.line else ""
-        return f"{self.op} #{self.seq}{f' of {tensors}' if tensors else ''}{where}"
+        group = f" in group {self.group}" if self.group != "0" else ""  # "0": the default group
+        return f"{self.op} #{self.seq}{group}{f' of {tensors}' if tensors else ''}{where}"
 
     def signature(self):
         return (self.op, self.sizes, self.dtypes)
@@ -97,7 +98,9 @@ class HangReport:
             differ = {"op": "different collectives", "sizes": "different sizes", "dtypes": "different dtypes",
                       "line": "the same collective from different lines"}[self.mismatch]
             calls = "; ".join(f"rank {r}: {call.describe(script)}" for r, call in sorted(self.calls_at.items()))
-            out.append(f"The ranks disagree first at collective #{self.disagreement} ({differ}): {calls}.")
+            group = next(iter(self.calls_at.values())).group
+            named = f" of group {group}" if group != "0" else ""
+            out.append(f"The ranks disagree first at collective #{self.disagreement}{named} ({differ}): {calls}.")
         for rank in sorted(stuck):
             verb = "failed in" if rank in self.failed_in else "waits in"
             out.append(f"  rank {rank} {verb} {stuck[rank].describe(script)}")
@@ -161,8 +164,9 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
     report = HangReport(recorded=sorted(calls))
     for rank, found in calls.items():
         pending = [c for c in found if not c.completed]
-        if pending:
-            report.waiting[rank] = pending[0]
+        if pending:  # the one its stack is at; else the newest (a call that raised in another group stays open)
+            at = (stack_lines or {}).get(rank)
+            report.waiting[rank] = next((c for c in reversed(pending) if at and c.line == at[0]), pending[-1])
         elif found and (raised or {}).get(rank) is not None and found[-1].line == raised[rank]:
             report.failed_in[rank] = found[-1]
     stuck = {**report.failed_in, **report.waiting}
@@ -182,22 +186,23 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
 def _first_disagreement(calls, report):
     """Compare the ranks' calls group by group, number by number. A difference of op, sizes or dtypes is a
     mismatch wherever it is; a call from another line only counts when there is no such mismatch (ranks may
-    make one collective from two branches of an if)."""
+    make one collective from two branches of an if). The group the ranks are stuck in comes first: an earlier
+    group's mismatch may have ended long ago (a timeout raised and was caught)."""
     by_group = {}
     for rank, found in calls.items():
         for call in found:
             by_group.setdefault(call.group, {}).setdefault(call.seq, {})[rank] = call
-    first = {}  # strong (op/sizes/dtypes) or weak (line) -> (seq, calls, what)
-    for numbered in by_group.values():
-        for seq in sorted(numbered):
-            here = numbered[seq]
-            what = _what_differs(here.values())
-            kind = "weak" if what == "line" else "strong"
-            if what and (kind not in first or seq < first[kind][0]):
-                first[kind] = (seq, here, what)
-    chosen = first.get("strong") or first.get("weak")
-    if chosen:
-        report.disagreement, report.calls_at, report.mismatch = chosen
+    stuck = {call.group for call in [*report.waiting.values(), *report.failed_in.values()]}
+    found = []  # (weak, not stuck, seq, calls, what)
+    for group, numbered in by_group.items():
+        for strength in ("strong", "weak"):
+            for seq in sorted(numbered):
+                what = _what_differs(numbered[seq].values())
+                if what and (what == "line") == (strength == "weak"):
+                    found.append((strength == "weak", group not in stuck, seq, numbered[seq], what))
+                    break
+    if found:
+        _, _, report.disagreement, report.calls_at, report.mismatch = min(found, key=lambda f: f[:3])
 
 
 def _what_differs(calls):
