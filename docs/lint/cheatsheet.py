@@ -22,13 +22,15 @@ is tests/test_cheatsheet.py's: those need torch and a process group. Standard li
 Each rule is a function that returns its problems as one-line messages naming the file and the place;
 ``problems(root)`` runs them all.
 """
-import argparse
 import ast
 import builtins
 import importlib.util
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared command line beside it
+import lint_main  # noqa: E402
 
 COURSE_ROOT = Path(__file__).resolve().parents[2]
 POINTS_PER_MM = 72 / 25.4
@@ -228,20 +230,15 @@ def problems(root=COURSE_ROOT):
     return found + python_block_problems(markdown)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="report the problems (the only mode: nothing is written)")
-    parser.add_argument("--root", type=Path, default=COURSE_ROOT, help="the course to check (default: this one)")
-    root = parser.parse_args(argv).root
-    found = problems(root)
-    for problem in found:
-        print(problem)
-    if found:
-        return 1
+def _summary(root):
+    """The one line said when nothing is wrong."""
     pages = pdf_pages((root / "docs" / "cheatsheet.pdf").read_bytes())
-    print(f"cheatsheet ok: {len(pages)} page(s) inside A4 and US Letter at {MIN_FONT_SIZE} pt or more, "
-          f"{len(python_blocks(cheatsheet(root)))} python blocks that bind every name they use")
-    return 0
+    return (f"cheatsheet ok: {len(pages)} page(s) inside A4 and US Letter at {MIN_FONT_SIZE} pt or more, "
+            f"{len(python_blocks(cheatsheet(root)))} python blocks that bind every name they use")
+
+
+def main(argv=None):
+    return lint_main.check(__doc__, problems, _summary, COURSE_ROOT, argv)
 
 
 if __name__ == "__main__":

@@ -35,13 +35,15 @@ notebooks/answers/NN.json and the registry docs/lint/claims.json; no kernel, no 
 
 Each rule is a function that returns its problems as one-line messages; ``problems(root)`` runs them all.
 """
-import argparse
 import ast
 import json
 import math
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared command line beside it
+import lint_main  # noqa: E402
 
 COURSE_ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = Path("docs") / "lint" / "claims.json"  # relative to the course's root
@@ -510,20 +512,15 @@ def problems(root=COURSE_ROOT):
     return found + key_coverage_problems(notebooks) + claims_problems(root)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="report the problems (the only mode: nothing is written)")
-    parser.add_argument("--root", type=Path, default=COURSE_ROOT, help="the course to check (default: this one)")
-    root = parser.parse_args(argv).root
-    found = problems(root)
-    for problem in found:
-        print(problem)
-    if found:
-        return 1
+def _summary(root):
+    """The one line said when nothing is wrong."""
     notebooks = notebook_paths(root)
-    print(f"course truth ok: {len(answer_keys(notebooks))} Predicts (Recall ones aside) not answered above themselves, "
-          f"{len(course_claims(notebooks))} claims rows with one verdict per registered claim")
-    return 0
+    return (f"course truth ok: {len(answer_keys(notebooks))} Predicts (Recall ones aside) not answered above themselves, "
+            f"{len(course_claims(notebooks))} claims rows with one verdict per registered claim")
+
+
+def main(argv=None):
+    return lint_main.check(__doc__, problems, _summary, COURSE_ROOT, argv)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,13 @@ notice. Standard library only.
 Each rule is a function that returns its problems as one-line messages naming the file and the place;
 ``problems(root)`` runs them all.
 """
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared command line beside it
+import lint_main  # noqa: E402
 
 COURSE_ROOT = Path(__file__).resolve().parents[2]
 GLOSSARY = COURSE_ROOT / "docs" / "glossary.md"
@@ -278,21 +280,16 @@ def problems(root=COURSE_ROOT):
     return found + clean_copy_problems(notebooks, clean)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="report the problems (the only mode: nothing is written)")
-    parser.add_argument("--root", type=Path, default=COURSE_ROOT, help="the course to check (default: this one)")
-    root = parser.parse_args(argv).root
-    found = problems(root)
-    for problem in found:
-        print(problem)
-    if found:
-        return 1
+def _summary(root):
+    """The one line said when nothing is wrong."""
     entries = glossary_entries((root / "docs" / "glossary.md").read_text(encoding="utf-8"))
     count = len(notebook_paths(root / "notebooks")) + len(notebook_paths(root / "clean"))
-    print(f"glossary ok: {len(entries)} entries ({len(REQUIRED)} required terms), {count} notebooks' "
-          "Before-you-start cells and glossary links")
-    return 0
+    return (f"glossary ok: {len(entries)} entries ({len(REQUIRED)} required terms), {count} notebooks' "
+            "Before-you-start cells and glossary links")
+
+
+def main(argv=None):
+    return lint_main.check(__doc__, problems, _summary, COURSE_ROOT, argv)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,13 @@ row marked **tested** that no test reads, or a test named that no longer exists,
 Each rule returns its problems as one-line messages naming the file and the line; ``problems(root)`` runs
 them all. Standard library only.
 """
-import argparse
 import ast
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared command line beside it
+import lint_main  # noqa: E402
 
 COURSE_ROOT = Path(__file__).resolve().parents[2]
 DOC = Path("docs") / "troubleshooting.md"  # relative to the course's root
@@ -158,20 +160,15 @@ def problems(root=COURSE_ROOT):
     return row_problems(text) + registry_problems(text, root) + named_test_problems(text, root)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="report the problems (the only mode: nothing is written)")
-    parser.add_argument("--root", type=Path, default=COURSE_ROOT, help="the course to check (default: this one)")
-    root = parser.parse_args(argv).root
-    found = problems(root)
-    for problem in found:
-        print(problem)
-    if found:
-        return 1
+def _summary(root):
+    """The one line said when nothing is wrong."""
     tested = sum("**tested**" in " ".join(cells) for cells in doc_rows(root))
-    print(f"troubleshooting ok: {len(doc_rows(root))} rows, {tested} marked **tested**, each with its tests "
-          f"({sum(map(len, TESTS.values()))} named in TESTS)")
-    return 0
+    return (f"troubleshooting ok: {len(doc_rows(root))} rows, {tested} marked **tested**, each with its tests "
+            f"({sum(map(len, TESTS.values()))} named in TESTS)")
+
+
+def main(argv=None):
+    return lint_main.check(__doc__, problems, _summary, COURSE_ROOT, argv)
 
 
 if __name__ == "__main__":
