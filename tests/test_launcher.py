@@ -646,7 +646,7 @@ def test_a_start_up_timeout_says_the_ranks_did_not_start(tmp_path, monkeypatch):
 def test_a_rank_still_starting_is_one_line_not_its_import_stack(tmp_path):
     """Without a launch: a rank that has started but is not ready (importing torch) is named in one line and
     is not asked for its stack (kilobytes of imports); a rank that has ended is not asked either."""
-    from ddpcourse.launch.launcher import _stacks
+    from ddpcourse.launch.stacks import where_ranks_are
     from ddpcourse.launch.stacks import STILL_STARTING, stacks_text
     events = [(0, {"event": "started", "pid": os.getpid()}),
               (1, {"event": "started", "pid": os.getpid()}), (1, {"event": "ready"}), (1, {"event": "finished"})]
@@ -654,7 +654,7 @@ def test_a_rank_still_starting_is_one_line_not_its_import_stack(tmp_path):
         with open(tmp_path / f"rank{rank}.events", "a") as f:
             f.write(json.dumps({"time": 0.0, "pid": os.getpid(), **event}) + "\n")
     reader = EventReader(tmp_path)
-    where, lines = _stacks(tmp_path, reader, tmp_path / "lab.py", wait=0.1)
+    where, lines = where_ranks_are(tmp_path, reader, tmp_path / "lab.py", wait=0.1)
     assert where == {0: STILL_STARTING} and lines == {}
     assert not list(tmp_path.glob("*.stacks"))  # this process was never signalled for a stack
     assert stacks_text(where, 2).splitlines() == [f"rank 0: {STILL_STARTING}",

@@ -23,75 +23,22 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpcourse.launch import diagnosis
-from ddpcourse.launch.diagnosis import RankFailure  # noqa: F401 - part of this module's API
+from ddpcourse.launch.api import RunInterrupted, RunResult  # noqa: F401 - RunResult: what run() returns
 from ddpcourse.launch.cores import threads_per_rank
-from ddpcourse.launch.events import ENDINGS, EXCEPTION, READY, SERVE_STORE, STARTED, WROTE, EventReader, RankFiles, read_failures
+from ddpcourse.launch.events import EXCEPTION, READY, SERVE_STORE, WROTE, EventReader, RankFiles, read_failures
 from ddpcourse.launch.printing import RunPrinter, verdict
 from ddpcourse.launch.processes import kill_run, processes_of_run  # noqa: F401 - processes_of_run: notebook 00
 from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
-from ddpcourse.launch.collectives import BUFFER_SIZE, BUFFER_SIZE_ENV, HangReport, analyse, read_dumps, request_dumps
-from ddpcourse.launch.stacks import STILL_STARTING, dump_stacks, format_stack, lab_line, stacks_text
+from ddpcourse.launch.collectives import BUFFER_SIZE, BUFFER_SIZE_ENV, analyse, read_dumps, request_dumps
+from ddpcourse.launch.stacks import lab_line, stacks_text, where_ranks_are
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
 
 DEFAULT_TIMEOUT = 60.0   # seconds a run may take once every rank is ready
 STARTUP_TIMEOUT = 120.0  # seconds the ranks may take to start (interpreters importing torch on a busy laptop)
 POLL_SECONDS = 0.1  # how often the live output is refreshed; the end of the run is noticed at once
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """The stop button (or Ctrl+C) during a run, after its summary is printed. Still a KeyboardInterrupt, so
-    Run All stops at this cell and a terminal exits with 130; in a notebook it renders as one line instead of
-    a traceback through the launcher, which would push the summary of where each rank was off screen."""
-
-    def _render_traceback_(self):  # IPython's hook for an exception's own rendering
-        return [f"Stopped. {self.args[0] if self.args else ''}".rstrip()]
-
-
-@dataclass
-class RunResult:
-    """What a launch produced. ``ok``: every rank finished with exit code 0 and nothing went wrong."""
-    file: str
-    nproc: int                  # ranks per node
-    returncode: int
-    duration: float
-    reports: dict = field(default_factory=dict)  # rank -> {name: value}
-    output: dict = field(default_factory=dict)   # rank -> [lines]
-    timed_out: bool = False
-    interrupted: bool = False
-    failure: RankFailure = None
-    stacks: dict = field(default_factory=dict)   # rank -> formatted stack at the timeout
-    collectives: HangReport = None  # what the ranks' flight recorders say, when a run hung or crashed in them
-    writes: dict = field(default_factory=dict)   # rank -> files its observer saw it write (checks/write_observer.py)
-    message: str = ""
-    aborted_at_exit: list = field(default_factory=list)  # ranks torch aborted after a complete run (diagnosis)
-    run_id: str = ""            # its RunSpec's path: every process of the run carries it (processes_of_run)
-    agent_output: str = ""
-    nnodes: int = 1
-    launched: bool = False      # False when nothing was started (a syntax error, a missing file)
-
-    @property
-    def world_size(self):
-        return self.nproc * self.nnodes
-
-    @property
-    def ok(self):
-        return self.returncode == 0 and not self.timed_out and not self.interrupted and self.failure is None
-
-    def values(self, name):
-        """``name`` as reported by every rank, in rank order (a clear error if the run failed)."""
-        missing = [r for r in range(self.world_size) if name not in self.reports.get(r, {})]
-        if missing:
-            why = "the run failed (see the message above)" if not self.ok else "the script never reported it"
-            raise KeyError(f"ranks {missing} did not report {name!r}: {why}")
-        return [self.reports[r][name] for r in range(self.world_size)]
-
-    def __repr__(self):
-        state = "ok" if self.ok else ("timed out" if self.timed_out else "failed")
-        return f"RunResult({Path(self.file).name}, nproc={self.nproc}, {state})"
 
 
 # ----------------------------------------------------------------------------- the launch
@@ -181,7 +128,7 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir)
         except KeyboardInterrupt:
             result.interrupted = True
-            result.stacks, _ = _stacks(run_dir, ranks.events, lab_file, wait=1.0)  # where were they? then stop them
+            result.stacks, _ = where_ranks_are(run_dir, ranks.events, lab_file, wait=1.0)  # where were they? then stop them
         finally:
             kill_run(agents.procs, spec.path)  # also ends grandchildren a finished run left behind
             agents.join()
@@ -280,7 +227,7 @@ def _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir):
         if now > deadline:
             result.timed_out = True
             request_dumps(run_dir)  # the ranks' flight recorders, written while the stacks are taken
-            result.stacks, lines = _stacks(run_dir, ranks.events, lab_file)
+            result.stacks, lines = where_ranks_are(run_dir, ranks.events, lab_file)
             # a rank writes its record with the lines of its calls: ~1 s the first time (torch imports its
             # symbolizer), several on a loaded machine
             ranks.hang_evidence = (read_dumps(run_dir, lines, wait=8.0), lines)
@@ -341,21 +288,6 @@ def _collectives(run_dir, ranks, lab_file):
     report = analyse(dumps, lab_file, alive=set(lines), raised=raised,
                      stack_lines={r: line for r, line in lines.items() if line})
     return report if report.waiting or report.failed_in or report.disagreement is not None else None
-
-
-def _stacks(run_dir, events, lab_file, wait=2.0):
-    """({rank: where it is}, {rank: (line, code) of its innermost frame in the script, or None}) of each rank
-    running the script: the formatted stack; one line for a rank still starting, whose stack is only torch's
-    imports (kilobytes of them) and says nothing about the script."""
-    events.poll()  # what the ranks wrote since the last look (an interrupt can come before the loop read it)
-    pids = {rank: events.first(rank, STARTED)["pid"] for rank in events.ranks() if events.first(rank, STARTED)}
-    live = {rank: pid for rank, pid in pids.items() if not any(e["event"] in ENDINGS for e in events.events(rank))}
-    starting = {rank for rank in live if events.first(rank, READY) is None}
-    raw = dump_stacks(run_dir, {rank: pid for rank, pid in live.items() if rank not in starting}, wait=wait)
-    where = {rank: format_stack(text, lab_file) for rank, text in raw.items()}
-    lines = {rank: lab_line(text, lab_file) for rank, text in raw.items()}
-    where.update({rank: STILL_STARTING for rank in starting})
-    return dict(sorted(where.items())), lines
 
 
 def _stacks_text(result):

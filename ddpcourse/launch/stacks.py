@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+from ddpcourse.launch.events import ENDINGS, READY, STARTED
 from ddpcourse.paths import display_path
 
 # Where a rank is that has not reached the script: its stack would be kilobytes of torch's imports.
@@ -104,3 +105,18 @@ def stacks_text(stacks, world_size):
         else:
             parts.append(f"rank {rank}:\n{stack}" if stack else f"rank {rank}: no stack (not running yet, or already gone)")
     return "\n".join(parts)
+
+
+def where_ranks_are(run_dir, events, lab_file, wait=2.0):
+    """({rank: where it is}, {rank: (line, code) of its innermost frame in the script, or None}) of each rank
+    running the script: the formatted stack; one line for a rank still starting, whose stack is only torch's
+    imports (kilobytes of them) and says nothing about the script."""
+    events.poll()  # what the ranks wrote since the last look (an interrupt can come before the loop read it)
+    pids = {rank: events.first(rank, STARTED)["pid"] for rank in events.ranks() if events.first(rank, STARTED)}
+    live = {rank: pid for rank, pid in pids.items() if not any(e["event"] in ENDINGS for e in events.events(rank))}
+    starting = {rank for rank in live if events.first(rank, READY) is None}
+    raw = dump_stacks(run_dir, {rank: pid for rank, pid in live.items() if rank not in starting}, wait=wait)
+    where = {rank: format_stack(text, lab_file) for rank, text in raw.items()}
+    lines = {rank: lab_line(text, lab_file) for rank, text in raw.items()}
+    where.update({rank: STILL_STARTING for rank in starting})
+    return dict(sorted(where.items())), lines

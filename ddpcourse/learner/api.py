@@ -31,7 +31,8 @@ def run_lab(lab, nproc=2, args=(), timeout=None, show="all", env=None, torchrun_
     and the result has ``ok`` and ``launched`` False. A failed run prints its diagnosis; nothing raises
     but the stop button (a one-line error after the summary of where each rank was).
     """
-    from ddpcourse.launch.launcher import DEFAULT_TIMEOUT, RunResult, run
+    from ddpcourse.launch.api import RunResult
+    from ddpcourse.launch.launcher import DEFAULT_TIMEOUT, run
     from ddpcourse.paths import find_lab
     from ddpcourse.todos import todo_status
 
