@@ -44,7 +44,8 @@ def main():
                          "--nproc-per-node", str(options.nproc), str(script)],
             "ddpcourse run": [sys.executable, "-m", "ddpcourse", "run", str(script), "--nproc", str(options.nproc)],
         }
-        # the launcher with torch's flight recorder off (it is on by default: ddpcourse/launch/collectives.py)
+        # the launcher with torch's flight recorder off: it is on by default (torch's, for torchrun too); the
+        # launcher reads it at the end of every rank (ddpcourse/launch/collectives.py)
         rows["  recorder off"] = rows["ddpcourse run"]
         envs = {"  recorder off": dict(os.environ, TORCH_FR_BUFFER_SIZE="0")}
         for name, command in rows.items():  # warm the file cache for each

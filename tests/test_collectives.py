@@ -5,8 +5,8 @@ finishes) and a parameter no rank uses. A hang (the dumps the launcher asks for 
 tests/test_troubleshooting.py's 3-rank run, whose verdict is checked line by line there."""
 import textwrap
 
-from ddpcourse.launch.collectives import BUFFER_SIZE_ENV, analyse, calls_of
-from ddpcourse.launch.launcher import build_env, run
+from ddpcourse.launch.collectives import analyse, calls_of
+from ddpcourse.launch.launcher import run
 
 LAB = "/course/train.py"
 
@@ -32,7 +32,8 @@ def test_the_first_call_that_differs_in_op_is_named_with_each_ranks_line():
     assert {r: (c.op, c.line) for r, c in report.waiting.items()} == {0: ("all_reduce", 14), 1: ("broadcast", 17)}
     assert report.likely_cause == 0 and not report.outside
     first = report.lines("train.py")[0]
-    assert first.startswith("The ranks disagree first at collective #2 (different collectives)")
+    assert first.startswith("The ranks disagree first at collective #2 of the default group (torch's count: the "
+                            "collectives of DDP and other libraries count too), different collectives: ")
     assert "rank 0: all_reduce #2 of float32[4] at train.py:14" in first and "rank 1: broadcast #2" in first
 
 
@@ -92,11 +93,6 @@ def test_point_to_point_entries_and_other_groups_are_kept_apart():
                                                                    ("1", 1, "all_gather", False)]
 
 
-def test_every_run_records_its_collectives_unless_the_learner_chose(tmp_path):
-    assert build_env(2, tmp_path / "run.json")[BUFFER_SIZE_ENV] == "2000"
-    assert build_env(2, tmp_path / "run.json", {BUFFER_SIZE_ENV: "0"})[BUFFER_SIZE_ENV] == "0"
-
-
 def _script(tmp_path, name, body):
     path = tmp_path / name
     path.write_text(textwrap.dedent(body))
@@ -119,9 +115,10 @@ def test_a_crash_after_one_ranks_extra_call_names_the_call_from_the_finished_pee
     assert not result.ok and not result.timed_out and result.failure.rank == 0, result.message
     report = result.collectives  # rank 1 finished: its record has the calls, not their lines (too costly)
     assert report.disagreement is None and report.failed_in[0].seq == 4 and report.ended_after[1].seq == 3
-    assert result.message.splitlines()[1:3] == [
+    assert result.message.splitlines()[1:4] == [
         "Rank 1 ended after collective #3 while rank(s) [0] went on to more: they made a collective that rank 1 "
         "never made.",
+        f"  rank 0's calls in the default group came from {path}:6 (3), {path}:8 (1)",  # the extra one stands out
         f"  rank 0 failed in all_reduce #4 of float32[4] at {path}:6 (dist.all_reduce(torch.ones(4)))"]
 
 
@@ -166,3 +163,24 @@ def test_the_group_the_ranks_are_stuck_in_comes_before_an_older_groups_mismatch(
     assert {r: (c.group, c.line) for r, c in report.waiting.items()} == {0: ("0", 50), 1: ("0", 51)}
     del ranks[0]["entries"][1], ranks[1]["entries"][1]  # only group 1's calls: its mismatch is named, with its group
     assert analyse(ranks, LAB).lines("t.py")[0].startswith("The ranks disagree first at collective #1 of group 1 ")
+
+
+def test_an_async_wait_names_the_oldest_open_call_and_finished_ranks_never_wait():
+    # rank 0 waits on works[0].wait() (line 30): its three async calls are open, the first is the one it waits on
+    ranks = {0: dump([entry(1, "all_reduce", line=21), entry(2, "all_reduce", line=22), entry(3, "all_reduce", line=23)],
+                     completed=0),
+             1: dump([entry(1, "all_reduce", line=21)], completed=0)}
+    report = analyse(ranks, LAB, alive={0}, stack_lines={0: (30, "works[0].wait()")})
+    assert report.waiting[0].seq == 1 and 1 not in report.waiting  # rank 1 is not running: its lag is no wait
+
+
+def test_ranks_waiting_in_different_groups_are_said_and_status_is_read_by_the_groups_id():
+    first = entry(1, "all_reduce", group="4a2ad14e", line=12)
+    first["pg_id"] = 1  # a group with a hashed name: pg_status is keyed by its id in this process
+    ranks = {0: {"pg_status": {"0": {"last_completed_collective": 0}, "1": {"last_completed_collective": 1}},
+                 "entries": [first, entry(1, "all_reduce", line=14)]},
+             1: {"pg_status": {"1": {"last_completed_collective": 0}}, "entries": [dict(first, collective_seq_id=1)]}}
+    report = analyse(ranks, LAB, alive={0, 1})
+    assert {r: c.group for r, c in report.waiting.items()} == {0: "0", 1: "4a2ad14e"}
+    assert ("The ranks wait in different process groups (rank 0 in the default group, rank 1 in group 4a2ad14e): "
+            "every rank of a group must make that group's collectives.") in report.lines("t.py")

@@ -318,7 +318,8 @@ def test_a_hang_in_a_collective_is_stopped_with_each_ranks_stack(trouble, monkey
     spinning = result.collectives.outside_lines[2][0]
     assert said[1] == (f"Likely cause: rank 2 is in no collective (its stack is at {trouble}:{spinning}: "
                        f"{source[spinning - 1].strip()}) while rank(s) [0, 1] wait in one.")
-    assert said[2] == (f"The ranks disagree first at collective #1 (different collectives): rank 0: all_reduce #1 of "
+    assert said[2] == (f"The ranks disagree first at collective #1 of the default group (torch's count: the collectives "
+                       f"of DDP and other libraries count too), different collectives: rank 0: all_reduce #1 of "
                        f"float32[1] at {trouble}:{all_reduce} ({source[all_reduce - 1].strip()}); rank 1: barrier #1 at "
                        f"{trouble}:{barrier} ({source[barrier - 1].strip()}).")
     assert result.failure.rank == 2  # the likely cause is the rank the verdict is named after

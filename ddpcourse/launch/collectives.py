@@ -1,22 +1,27 @@
 """Which collective each rank was in when a run hung or crashed, from torch's flight recorder, and the cause.
 
-torch records every collective a process group launches in a ring buffer, its *flight recorder*, when
-``TORCH_FR_BUFFER_SIZE`` is above 0 (build_env sets it for every run; gloo records too). Each entry is
-structured: the group, the collective's sequence number in that group, the op, the sizes and dtypes of its
-tensors, whether it has completed, and the Python frames that called it. ddpcourse.launch.rank writes a rank's
-buffer (``torch._C._distributed_c10d._dump_fr_trace()``, a pickle of plain dicts, lists and strings) to
-``rank<r>.collectives`` when the rank records an exception, and when the launcher asks at a timeout (the
-request file below: the rank's main thread is blocked in C++ then, a thread of the rank answers).
+torch records every collective a process group launches in a ring buffer, its *flight recorder*: gloo's
+groups keep the newest 2000 by default in torch 2.13 (``TORCH_FR_BUFFER_SIZE=0`` turns it off; a bare torchrun
+records the same, the launcher adds nothing to it). Each entry is structured: the group, the collective's
+number in that group (torch's count: the collectives of DDP and other libraries count too), the op, the sizes
+and dtypes of its tensors, and the Python frames that called it; a per-group status gives the number of the
+last one completed. ddpcourse.launch.rank writes a rank's buffer (``_dump_fr_trace()``, a pickle of plain
+dicts, lists and strings) to ``rank<r>.collectives`` when the rank raises, when it finishes (without the
+frames: the first dump with them costs a second or two), and when the launcher asks at a timeout (the request
+file below: the rank's main thread is blocked in C++ then, a thread of the rank answers).
 
 This module reads those dumps without torch and says, in a line or two ahead of the stacks:
-- which collective each rank was waiting in (op, sizes, dtype, sequence number, the script's line);
-- the first sequence number at which the ranks' calls disagree: another op, other sizes or dtypes, or the
-  same op called from another line of the script (one rank's extra call shifts every later number);
-- a rank in no collective while the others wait in one: the likely cause, with the line its stack is at.
+- which collective each rank still running waits in, or failed in (op, sizes, dtype, number, the line);
+- the first number at which the ranks' calls disagree, in the group they wait in first: another op, other
+  sizes or dtypes, or the same op from another line (a finished rank's record has no lines);
+- ranks that wait in different groups;
+- a rank in no collective while the others wait in one: the likely cause, with the line its stack is at;
+- a rank that ended with fewer collectives than one still waiting, with the lines that one called from.
 torch ships an analyser of the same dumps (``python -m torch.distributed.flight_recorder.fr_trace``); in
-torch 2.13 it stops with a KeyError on gloo's dumps (their ``pg_config`` names the default group ``""``
-while the entries name it ``"0"``), so the launcher compares the entries itself, by the same rule: first
-by sequence number, then by op, sizes and dtypes.
+torch 2.13 it stops with a KeyError on gloo's dumps: gloo records a group's ranks as its constructor runs,
+before Python has named it, so ``pg_config`` holds one entry keyed ``""`` (the last group built) while the
+entries name their groups. The launcher compares the entries itself, by the analyser's rule: number by
+number, then op, sizes and dtypes.
 """
 import linecache
 import os
@@ -25,12 +30,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BUFFER_SIZE_ENV = "TORCH_FR_BUFFER_SIZE"
-BUFFER_SIZE = 2000  # entries kept per process: a lab launches tens to hundreds of collectives; the ring keeps the newest
-DUMP_REQUEST = "dump-collectives"
+DUMP_REQUEST = "dump-collectives"  # a file in the run folder: its existence asks every live rank for its buffer
 # the recorder's dtype names (c10's ScalarType) as torch spells them in Python
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
-          "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}  # a file in the run folder: its existence asks every live rank for its buffer
+          "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
 
 
 def dump_file(run_dir, rank):
@@ -60,19 +63,30 @@ class CollectiveCall:
         return (self.op, self.sizes, self.dtypes)
 
 
+def group_name(group):
+    """How a learner reads a group's name: "0" is the default group (torch names groups by a counter)."""
+    return "the default group" if group == "0" else f"group {group}"
+
+
 @dataclass
 class HangReport:
     """What the ranks' flight recorders say about a run that hung or crashed in its collectives."""
-    waiting: dict = field(default_factory=dict)   # rank -> the CollectiveCall it had not completed
+    waiting: dict = field(default_factory=dict)   # rank -> the CollectiveCall it waits in (ranks still running)
     failed_in: dict = field(default_factory=dict)  # rank -> the CollectiveCall that raised its exception
     outside: list = field(default_factory=list)   # ranks alive in no collective while others wait
     outside_lines: dict = field(default_factory=dict)  # rank -> (line, code) of its stack in the script
-    disagreement: int = None                      # the first sequence number whose calls differ across ranks
-    calls_at: dict = field(default_factory=dict)  # rank -> its CollectiveCall at that sequence number
+    disagreement: int = None                      # the first number whose calls differ across ranks
+    calls_at: dict = field(default_factory=dict)  # rank -> its CollectiveCall at that number
     mismatch: str = ""                            # "op", "sizes", "dtypes" or "line": what differs there
     ended_after: dict = field(default_factory=dict)  # rank -> its last collective, for ranks that ended (in no
-                                                     # collective, not alive) with fewer than a waiting rank made
+                                                     # collective, not alive) with fewer than a stuck rank made
+    call_sites: dict = field(default_factory=dict)   # rank -> {line: calls} in the group, for the ranks that
+                                                     # went on beyond an ended rank (their lines are known)
     recorded: list = field(default_factory=list)  # the ranks whose buffers were read
+
+    @property
+    def stuck(self):
+        return {**self.failed_in, **self.waiting}
 
     @property
     def likely_cause(self):
@@ -83,24 +97,33 @@ class HangReport:
 
     def lines(self, script):
         """One or two sentences a learner acts on, then the collective each rank was in."""
-        out = []
+        out, stuck = [], self.stuck
         for rank in self.outside:
             line, code = self.outside_lines.get(rank, (None, ""))
             where = f" (its stack is at {script}:{line}: {code})" if line else ""
             waiting = sorted(self.waiting)
             out.append(f"Likely cause: rank {rank} is in no collective{where} while rank(s) {waiting} wait in one.")
-        stuck = {**self.failed_in, **self.waiting}
+        groups = sorted({call.group for call in self.waiting.values()})
+        if len(groups) > 1:
+            where = ", ".join(f"rank {r} in {group_name(c.group)}" for r, c in sorted(self.waiting.items()))
+            out.append(f"The ranks wait in different process groups ({where}): every rank of a group must make "
+                       "that group's collectives.")
         for rank, last in sorted(self.ended_after.items()):
             longer = sorted(r for r, call in stuck.items() if call.group == last.group and call.seq > last.seq)
             out.append(f"Rank {rank} ended after collective #{last.seq} while rank(s) {longer} went on to more: "
                        f"they made a collective that rank {rank} never made.")
+            for other in longer:
+                sites = ", ".join(f"{script}:{line} ({count})" for line, count in sorted(self.call_sites.get(other,
+                                                                                                        {}).items()))
+                if sites:
+                    out.append(f"  rank {other}'s calls in {group_name(last.group)} came from {sites}")
         if self.disagreement is not None:
             differ = {"op": "different collectives", "sizes": "different sizes", "dtypes": "different dtypes",
                       "line": "the same collective from different lines"}[self.mismatch]
             calls = "; ".join(f"rank {r}: {call.describe(script)}" for r, call in sorted(self.calls_at.items()))
-            group = next(iter(self.calls_at.values())).group
-            named = f" of group {group}" if group != "0" else ""
-            out.append(f"The ranks disagree first at collective #{self.disagreement}{named} ({differ}): {calls}.")
+            group = group_name(next(iter(self.calls_at.values())).group)
+            out.append(f"The ranks disagree first at collective #{self.disagreement} of {group} (torch's count: the "
+                       f"collectives of DDP and other libraries count too), {differ}: {calls}.")
         for rank in sorted(stuck):
             verb = "failed in" if rank in self.failed_in else "waits in"
             out.append(f"  rank {rank} {verb} {stuck[rank].describe(script)}")
@@ -134,10 +157,11 @@ def calls_of(dump, lab_file):
     for entry in dump.get("entries", []):
         if entry.get("is_p2p"):
             continue
-        group = str(entry["process_group"][0])
+        group = str(entry["process_group"][0])  # its name: the same on every rank
         seq = int(entry["collective_seq_id"])
-        done = entry.get("state") == "completed" or seq <= int(
-            status.get(group, {}).get("last_completed_collective", -1))
+        # pg_status is keyed by the group's id in this process; it can lag a call that has just returned, so
+        # it is read for ranks still waiting at a timeout only (analyse)
+        done = seq <= int(status.get(str(entry.get("pg_id", group)), {}).get("last_completed_collective", -1))
         line, code = None, ""
         for frame in entry.get("frames", []):  # innermost first
             if os.path.abspath(frame.get("filename", "")) == lab_file:
@@ -164,9 +188,12 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
     report = HangReport(recorded=sorted(calls))
     for rank, found in calls.items():
         pending = [c for c in found if not c.completed]
-        if pending:  # the one its stack is at; else the newest (a call that raised in another group stays open)
+        if rank in alive and pending:
+            # the call its stack is at; else (a wait() on async work) the oldest open one of the newest's group
             at = (stack_lines or {}).get(rank)
-            report.waiting[rank] = next((c for c in reversed(pending) if at and c.line == at[0]), pending[-1])
+            newest_group = pending[-1].group
+            report.waiting[rank] = next((c for c in reversed(pending) if at and c.line == at[0]),
+                                        next(c for c in pending if c.group == newest_group))
         elif found and (raised or {}).get(rank) is not None and found[-1].line == raised[rank]:
             report.failed_in[rank] = found[-1]
     stuck = {**report.failed_in, **report.waiting}
@@ -177,8 +204,12 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
             if rank in alive or rank in stuck or rank in (raised or {}) or not found:
                 continue
             last = found[-1]
-            if any(c.group == last.group and c.seq > last.seq for c in stuck.values()):
+            longer = [r for r, c in stuck.items() if c.group == last.group and c.seq > last.seq]
+            if longer:
                 report.ended_after[rank] = last
+                for other in longer:
+                    lines = [c.line for c in calls[other] if c.group == last.group and c.line is not None]
+                    report.call_sites[other] = {line: lines.count(line) for line in set(lines)}
     _first_disagreement(calls, report)
     return report
 

@@ -32,7 +32,7 @@ from ddpcourse.launch.events import EXCEPTION, READY, SERVE_STORE, WROTE, EventR
 from ddpcourse.launch.printing import RunPrinter, verdict
 from ddpcourse.launch.processes import kill_run, processes_of_run  # noqa: F401 - processes_of_run: notebook 00
 from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
-from ddpcourse.launch.collectives import BUFFER_SIZE, BUFFER_SIZE_ENV, analyse, read_dumps, request_dumps
+from ddpcourse.launch.collectives import analyse, read_dumps, request_dumps
 from ddpcourse.launch.stacks import lab_line, stacks_text, where_ranks_are
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
 
@@ -84,9 +84,6 @@ def build_env(world_size, spec_path, extra=None):
         # The ranks find ddpcourse even without `pip install -e .`.
         "PYTHONPATH": os.pathsep.join(filter(None, [str(COURSE_ROOT), env.get("PYTHONPATH")])),
     })
-    # torch's flight recorder: which collective each rank was in, for a hang's verdict (launch/collectives.py).
-    # A setting of the learner's own (0 turns it off) is kept.
-    env.setdefault(BUFFER_SIZE_ENV, str(BUFFER_SIZE))
     return env
 
 

@@ -10,9 +10,9 @@ events in the run folder (ddpcourse.launch.events):
   the root-cause rank instead of printing torchrun's wall of text; torch's ``ErrorHandler`` also writes it to
   torchrun's error file, so torchrun's own summary names it (the launcher reads it back from the agent's
   ``ChildFailedError.failures``);
-- its flight recorder (torch's record of the collectives it launched) is written to the run folder when it
-  raises, and when the launcher asks at a timeout, by a thread of the rank: the main thread is blocked in a
-  collective then (ddpcourse.launch.collectives reads them);
+- its flight recorder (torch's record of the collectives it launched, on by default) is written to the run
+  folder when it raises, when it finishes, and when the launcher asks at a timeout, by a thread of the rank:
+  the main thread is blocked in a collective then (ddpcourse.launch.collectives reads them);
 - at the end of the script it records whether the default process group is still open (a lab must call
   ``dist.destroy_process_group()``; the launcher reports an open one);
 - a watchdog ends the rank and its children if its parent (torchrun's agent) dies;
@@ -34,7 +34,7 @@ import threading
 import traceback
 
 from ddpcourse.todos import todo_in_message
-from ddpcourse.launch.collectives import BUFFER_SIZE_ENV, DUMP_REQUEST, dump_file
+from ddpcourse.launch.collectives import DUMP_REQUEST, dump_file
 from ddpcourse.launch.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, STARTED, write_event
 from ddpcourse.launch.processes import watch_parent
 from ddpcourse.launch.spec import current_spec
@@ -53,13 +53,13 @@ def _redirect_output(run_dir, rank):
 
 
 def _dump_collectives(run_dir, rank, lines=True):
-    """Write this rank's flight recorder to the run folder, when the script used torch.distributed (the record
-    outlives destroy_process_group: a rank that finished still tells what it called). Written to another name
-    and renamed: the launcher reads whole files only. lines: with the Python frames of each call, which costs
-    about a second the first time (torch imports torch._dynamo to symbolize them): for a failure only; a rank
+    """Write this rank's flight recorder to the run folder, when the script used torch.distributed (torch keeps
+    it by default; the record outlives destroy_process_group: a rank that finished still tells what it called).
+    Written to another name and renamed: the launcher reads whole files only. lines: with the Python frames of
+    each call, which costs a second or two the first time in a process (torch's symbolizer asks
+    ``hasattr(torch, "_inductor")``, which imports torch._inductor and torch._dynamo): for a failure only; a rank
     that finished well leaves its calls without them (about a millisecond)."""
-    distributed = sys.modules.get("torch.distributed")
-    if not (distributed and distributed.is_available() and os.environ.get(BUFFER_SIZE_ENV, "0") != "0"):
+    if "torch.distributed" not in sys.modules:
         return
     try:
         from torch._C._distributed_c10d import _dump_fr_trace
