@@ -41,9 +41,10 @@ def test_sizes_and_dtypes_mismatches_are_named_before_an_earlier_call_from_anoth
     # ranks may make one collective from two branches of an if (#2): the size mismatch (#3) is the cause
     ranks = {0: dump([entry(1, "all_reduce"), entry(2, "broadcast", line=20), entry(3, "all_reduce", ((4,),))], 2),
              1: dump([entry(1, "all_reduce"), entry(2, "broadcast", line=22), entry(3, "all_reduce", ((6,),))], 2)}
-    assert (analyse(ranks, LAB).disagreement, analyse(ranks, LAB).mismatch) == (3, "sizes")
+    both = {0, 1}  # both wait in #3: the mismatch is looked for in the group they are stuck in
+    assert (analyse(ranks, LAB, both).disagreement, analyse(ranks, LAB, both).mismatch) == (3, "sizes")
     ranks[1]["entries"][2] = entry(3, "all_reduce", dtypes=("Double",))
-    report = analyse(ranks, LAB)
+    report = analyse(ranks, LAB, both)
     assert (report.disagreement, report.mismatch) == (3, "dtypes") and "float64[4]" in report.lines("t.py")[0]
 
 
@@ -161,8 +162,15 @@ def test_the_group_the_ranks_are_stuck_in_comes_before_an_older_groups_mismatch(
     report = analyse(ranks, LAB, alive={0, 1}, stack_lines={0: (50, ""), 1: (51, "")})
     assert (report.disagreement, report.calls_at[0].group, report.mismatch) == (1, "0", "op")
     assert {r: (c.group, c.line) for r, c in report.waiting.items()} == {0: ("0", 50), 1: ("0", 51)}
-    del ranks[0]["entries"][1], ranks[1]["entries"][1]  # only group 1's calls: its mismatch is named, with its group
-    assert analyse(ranks, LAB).lines("t.py")[0].startswith("The ranks disagree first at collective #1 of group 1 ")
+    # nothing stuck (group 0's calls done): group 1's old mismatch, a timeout caught long ago, is not named
+    for r in (0, 1):
+        ranks[r]["pg_status"]["0"] = {"last_completed_collective": 1}
+    assert analyse(ranks, LAB, alive={0, 1}).disagreement is None
+    del ranks[0]["entries"][1], ranks[1]["entries"][1]  # stuck in group 1 now: its mismatch is named, with its group
+    for r in (0, 1):
+        ranks[r]["pg_status"]["1"] = {"last_completed_collective": 0}
+    lines = analyse(ranks, LAB, alive={0, 1}).lines("t.py")
+    assert lines[0].startswith("The ranks disagree first at collective #1 of group 1 ")
 
 
 def test_an_async_wait_names_the_oldest_open_call_and_finished_ranks_never_wait():
@@ -174,13 +182,49 @@ def test_an_async_wait_names_the_oldest_open_call_and_finished_ranks_never_wait(
     assert report.waiting[0].seq == 1 and 1 not in report.waiting  # rank 1 is not running: its lag is no wait
 
 
-def test_ranks_waiting_in_different_groups_are_said_and_status_is_read_by_the_groups_id():
-    first = entry(1, "all_reduce", group="4a2ad14e", line=12)
-    first["pg_id"] = 1  # a group with a hashed name: pg_status is keyed by its id in this process
-    ranks = {0: {"pg_status": {"0": {"last_completed_collective": 0}, "1": {"last_completed_collective": 1}},
-                 "entries": [first, entry(1, "all_reduce", line=14)]},
-             1: {"pg_status": {"1": {"last_completed_collective": 0}}, "entries": [dict(first, collective_seq_id=1)]}}
+def test_ranks_waiting_in_different_groups_are_said_unless_a_rank_in_no_collective_explains_it():
+    ranks = {0: dump([entry(1, "all_reduce", group="1", line=12)], completed=0),
+             1: dump([entry(1, "all_reduce", line=14)], completed=0),
+             2: dump([], completed=0)}
+    ranks[0]["pg_status"]["1"] = {"last_completed_collective": 0}
+    said = ("The ranks wait in different process groups (rank 0 in group 1, rank 1 in the default group): every "
+            "rank of a group must make that group's collectives.")
+    assert said in analyse(ranks, LAB, alive={0, 1}).lines("t.py")
+    assert said not in analyse(ranks, LAB, alive={0, 1, 2}).lines("t.py")  # rank 2, in none, is named instead
+
+
+def test_completion_is_read_by_the_groups_id_not_its_name():
+    done = entry(1, "all_reduce", group="4a2ad14e", line=12)  # a hashed name (use_local_synchronization=True)
+    done["pg_id"] = 1  # pg_status is keyed by the group's id in this process
+    status = {"0": {"last_completed_collective": 0}, "1": {"last_completed_collective": 1}}
+    calls = calls_of({"pg_status": status, "entries": [entry(1, "all_reduce", line=14), done]}, LAB)
+    assert [(c.group, c.completed) for c in calls] == [("0", False), ("4a2ad14e", True)]
+
+
+def test_the_rank_waits_on_its_oldest_open_call_from_the_line_its_stack_is_at():
+    # DDP launches each bucket's all-reduce from one backward() line (40) and waits on the oldest first
+    buckets = [entry(s, "all_reduce", line=40) for s in (9, 10)]
+    ranks = {0: dump([entry(8, "broadcast", line=30), *buckets], completed=8)}
+    report = analyse(ranks, LAB, alive={0}, stack_lines={0: (40, "loss.backward()")})
+    assert report.waiting[0].seq == 9
+
+
+def test_calls_from_different_lines_before_a_mismatch_are_said_with_it():
+    # rank 0's extra call at #3 (line 16), then an op mismatch at #4: both ranks still running
+    ranks = {0: dump([entry(1, "all_reduce", line=9), entry(2, "all_reduce", line=9), entry(3, "all_reduce", line=16),
+                      entry(4, "all_reduce", line=9)], completed=3),
+             1: dump([entry(1, "all_reduce", line=9), entry(2, "all_reduce", line=9), entry(3, "all_reduce", line=9),
+                      entry(4, "barrier", (), (), line=17)], completed=3)}
     report = analyse(ranks, LAB, alive={0, 1})
-    assert {r: c.group for r, c in report.waiting.items()} == {0: "0", 1: "4a2ad14e"}
-    assert ("The ranks wait in different process groups (rank 0 in the default group, rank 1 in group 4a2ad14e): "
-            "every rank of a group must make that group's collectives.") in report.lines("t.py")
+    assert (report.disagreement, report.mismatch, report.lines_before[0]) == (4, "op", 3)
+    assert any(line.startswith("  Before that, at #3, the ranks made it from different lines (rank 0: all_reduce #3 "
+                               "of float32[4] at t.py:16") for line in report.lines("t.py"))
+
+
+def test_a_finished_rank_is_compared_in_the_group_the_other_rank_is_stuck_in():
+    # rank 1's last call was in group 1; rank 0 failed in the default group's #4, beyond rank 1's #3 there
+    ranks = {0: dump([entry(s, "all_reduce", line=6) for s in (1, 2, 3, 4)], completed=4),
+             1: dump([entry(s, "all_reduce", line=None) for s in (1, 2, 3)] + [entry(1, "barrier", (), (), group="1",
+                                                                                      line=None)], completed=3)}
+    report = analyse(ranks, LAB, raised={0: 6})
+    assert report.failed_in[0].seq == 4 and report.ended_after[1].seq == 3 and report.call_sites[0] == {6: 4}

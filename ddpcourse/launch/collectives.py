@@ -1,20 +1,22 @@
 """Which collective each rank was in when a run hung or crashed, from torch's flight recorder, and the cause.
 
-torch records every collective a process group launches in a ring buffer, its *flight recorder*: gloo's
-groups keep the newest 2000 by default in torch 2.13 (``TORCH_FR_BUFFER_SIZE=0`` turns it off; a bare torchrun
-records the same, the launcher adds nothing to it). Each entry is structured: the group, the collective's
-number in that group (torch's count: the collectives of DDP and other libraries count too), the op, the sizes
-and dtypes of its tensors, and the Python frames that called it; a per-group status gives the number of the
-last one completed. ddpcourse.launch.rank writes a rank's buffer (``_dump_fr_trace()``, a pickle of plain
-dicts, lists and strings) to ``rank<r>.collectives`` when the rank raises, when it finishes (without the
-frames: the first dump with them costs a second or two), and when the launcher asks at a timeout (the request
-file below: the rank's main thread is blocked in C++ then, a thread of the rank answers).
+torch records every collective a process group launches in a ring buffer, its *flight recorder*: one per
+process, by default the newest 2000 entries of all its groups in torch 2.13, gloo's too
+(``TORCH_FR_BUFFER_SIZE=0`` turns it off; a bare torchrun records the same, the launcher adds nothing to it).
+Each entry is structured: the group, the collective's number in that group (torch's count: the collectives
+of DDP and other libraries count too), the op, the sizes and dtypes of its tensors, and the Python frames
+that called it; a per-group status gives the number of the last one completed. ddpcourse.launch.rank writes
+a rank's buffer (``_dump_fr_trace()``, a pickle of plain dicts, lists and strings) to ``rank<r>.collectives``
+when the rank raises, when it finishes (without the frames: the first dump with them costs a second on an
+idle machine, several on a loaded one), and when the launcher asks at a timeout (the request file below: the
+rank's main thread is blocked in C++ then, a thread of the rank answers).
 
 This module reads those dumps without torch and says, in a line or two ahead of the stacks:
 - which collective each rank still running waits in, or failed in (op, sizes, dtype, number, the line);
-- the first number at which the ranks' calls disagree, in the group they wait in first: another op, other
-  sizes or dtypes, or the same op from another line (a finished rank's record has no lines);
-- ranks that wait in different groups;
+- the first number at which the ranks' calls disagree, in the groups they wait in: another op, other sizes
+  or dtypes, or the same op from another line (a finished rank's record has no lines), and calls from
+  different lines before a mismatch (one rank's extra call shifts every later number);
+- ranks that wait in different groups, when no rank in no collective explains it;
 - a rank in no collective while the others wait in one: the likely cause, with the line its stack is at;
 - a rank that ended with fewer collectives than one still waiting, with the lines that one called from.
 torch ships an analyser of the same dumps (``python -m torch.distributed.flight_recorder.fr_trace``); in
@@ -82,6 +84,7 @@ class HangReport:
                                                      # collective, not alive) with fewer than a stuck rank made
     call_sites: dict = field(default_factory=dict)   # rank -> {line: calls} in the group, for the ranks that
                                                      # went on beyond an ended rank (their lines are known)
+    lines_before: tuple = None  # (number, {rank: call}, "line"): calls from different lines before the mismatch
     recorded: list = field(default_factory=list)  # the ranks whose buffers were read
 
     @property
@@ -104,7 +107,7 @@ class HangReport:
             waiting = sorted(self.waiting)
             out.append(f"Likely cause: rank {rank} is in no collective{where} while rank(s) {waiting} wait in one.")
         groups = sorted({call.group for call in self.waiting.values()})
-        if len(groups) > 1:
+        if len(groups) > 1 and not self.outside:  # a rank in no collective explains the wait better
             where = ", ".join(f"rank {r} in {group_name(c.group)}" for r, c in sorted(self.waiting.items()))
             out.append(f"The ranks wait in different process groups ({where}): every rank of a group must make "
                        "that group's collectives.")
@@ -124,6 +127,11 @@ class HangReport:
             group = group_name(next(iter(self.calls_at.values())).group)
             out.append(f"The ranks disagree first at collective #{self.disagreement} of {group} (torch's count: the "
                        f"collectives of DDP and other libraries count too), {differ}: {calls}.")
+        if self.lines_before:
+            seq, calls_then, _ = self.lines_before
+            where = "; ".join(f"rank {r}: {c.describe(script)}" for r, c in sorted(calls_then.items()))
+            out.append(f"  Before that, at #{seq}, the ranks made it from different lines ({where}): one rank's extra "
+                       "call shifts every later number.")
         for rank in sorted(stuck):
             verb = "failed in" if rank in self.failed_in else "waits in"
             out.append(f"  rank {rank} {verb} {stuck[rank].describe(script)}")
@@ -189,51 +197,59 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
     for rank, found in calls.items():
         pending = [c for c in found if not c.completed]
         if rank in alive and pending:
-            # the call its stack is at; else (a wait() on async work) the oldest open one of the newest's group
-            at = (stack_lines or {}).get(rank)
-            newest_group = pending[-1].group
-            report.waiting[rank] = next((c for c in reversed(pending) if at and c.line == at[0]),
-                                        next(c for c in pending if c.group == newest_group))
+            report.waiting[rank] = _waited_on(pending, (stack_lines or {}).get(rank))
         elif found and (raised or {}).get(rank) is not None and found[-1].line == raised[rank]:
             report.failed_in[rank] = found[-1]
-    stuck = {**report.failed_in, **report.waiting}
+    stuck = report.stuck
     if stuck:
         report.outside = [r for r in sorted(calls) if r in alive and r not in stuck]
         report.outside_lines = {r: stack_lines[r] for r in report.outside if stack_lines and r in stack_lines}
         for rank, found in calls.items():
-            if rank in alive or rank in stuck or rank in (raised or {}) or not found:
+            if rank in alive or rank in stuck or rank in (raised or {}):
                 continue
-            last = found[-1]
-            longer = [r for r, c in stuck.items() if c.group == last.group and c.seq > last.seq]
-            if longer:
-                report.ended_after[rank] = last
-                for other in longer:
-                    lines = [c.line for c in calls[other] if c.group == last.group and c.line is not None]
+            for other, call in stuck.items():  # compared in the group each stuck rank is in
+                mine = [c for c in found if c.group == call.group]
+                if mine and call.seq > mine[-1].seq:
+                    report.ended_after[rank] = mine[-1]
+                    lines = [c.line for c in calls[other] if c.group == call.group and c.line is not None]
                     report.call_sites[other] = {line: lines.count(line) for line in set(lines)}
-    _first_disagreement(calls, report)
+        _first_disagreement(calls, report)
     return report
 
 
+def _waited_on(pending, at):
+    """The open call a running rank waits on: the oldest open one made from the line its stack is at (DDP
+    launches every bucket's all-reduce from one backward() line, and waits on the oldest first), within the
+    group of the newest such call (one line may call into several groups); without such a line (a wait() on
+    async work), the oldest open one of the newest call's group."""
+    here = [c for c in pending if at and c.line == at[0]] or pending
+    group = here[-1].group
+    return next(c for c in here if c.group == group)
+
+
 def _first_disagreement(calls, report):
-    """Compare the ranks' calls group by group, number by number. A difference of op, sizes or dtypes is a
-    mismatch wherever it is; a call from another line only counts when there is no such mismatch (ranks may
-    make one collective from two branches of an if). The group the ranks are stuck in comes first: an earlier
-    group's mismatch may have ended long ago (a timeout raised and was caught)."""
+    """Compare the ranks' calls in the groups they are stuck in (an older group's mismatch may have ended long
+    ago: a timeout raised and was caught), number by number. A difference of op, sizes or dtypes is a mismatch;
+    a call from another line is one too, but ranks may make one collective from two branches of an if, so it is
+    named as the disagreement only without a mismatch, and else said as what came before it."""
+    stuck = {call.group for call in report.stuck.values()}
     by_group = {}
     for rank, found in calls.items():
         for call in found:
-            by_group.setdefault(call.group, {}).setdefault(call.seq, {})[rank] = call
-    stuck = {call.group for call in [*report.waiting.values(), *report.failed_in.values()]}
-    found = []  # (weak, not stuck, seq, calls, what)
-    for group, numbered in by_group.items():
-        for strength in ("strong", "weak"):
-            for seq in sorted(numbered):
-                what = _what_differs(numbered[seq].values())
-                if what and (what == "line") == (strength == "weak"):
-                    found.append((strength == "weak", group not in stuck, seq, numbered[seq], what))
-                    break
-    if found:
-        _, _, report.disagreement, report.calls_at, report.mismatch = min(found, key=lambda f: f[:3])
+            if call.group in stuck:
+                by_group.setdefault(call.group, {}).setdefault(call.seq, {})[rank] = call
+    strong, weak = [], []
+    for numbered in by_group.values():
+        for seq in sorted(numbered):
+            what = _what_differs(numbered[seq].values())
+            if what:
+                (weak if what == "line" else strong).append((seq, numbered[seq], what))
+    strong, weak = sorted(strong, key=lambda f: f[0])[:1], sorted(weak, key=lambda f: f[0])[:1]
+    chosen = (strong or weak or [None])[0]
+    if chosen:
+        report.disagreement, report.calls_at, report.mismatch = chosen
+    if strong and weak and weak[0][0] < strong[0][0]:
+        report.lines_before = weak[0]
 
 
 def _what_differs(calls):

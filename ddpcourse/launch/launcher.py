@@ -225,9 +225,9 @@ def _wait(agents, ranks, printer, start, timeout, result, lab_file, run_dir):
             result.timed_out = True
             request_dumps(run_dir)  # the ranks' flight recorders, written while the stacks are taken
             result.stacks, lines = where_ranks_are(run_dir, ranks.events, lab_file)
-            # a rank writes its record with the lines of its calls: ~1 s the first time (torch imports its
-            # symbolizer), several on a loaded machine
-            ranks.hang_evidence = (read_dumps(run_dir, lines, wait=8.0), lines)
+            # a rank writes its record with the lines of its calls: a second the first time on an idle machine
+            # (torch's symbolizer imports torch._inductor), 3-5 s seen on a loaded 2-core one
+            ranks.hang_evidence = (read_dumps(run_dir, lines, wait=10.0), lines)
             return
         # the view shows the clock the timeout counts: from the moment every rank is ready
         printer.tick(now - start, None if all_ready_at is None else now - all_ready_at, ranks.ready)

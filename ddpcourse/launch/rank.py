@@ -56,9 +56,9 @@ def _dump_collectives(run_dir, rank, lines=True):
     """Write this rank's flight recorder to the run folder, when the script used torch.distributed (torch keeps
     it by default; the record outlives destroy_process_group: a rank that finished still tells what it called).
     Written to another name and renamed: the launcher reads whole files only. lines: with the Python frames of
-    each call, which costs a second or two the first time in a process (torch's symbolizer asks
-    ``hasattr(torch, "_inductor")``, which imports torch._inductor and torch._dynamo): for a failure only; a rank
-    that finished well leaves its calls without them (about a millisecond)."""
+    each call, which costs a second the first time in a process on an idle machine, 3-5 s on a loaded one
+    (torch's symbolizer asks ``hasattr(torch, "_inductor")``, which imports torch._inductor and torch._dynamo):
+    for a failure only; a rank that finished well leaves its calls without them (about a millisecond)."""
     if "torch.distributed" not in sys.modules:
         return
     try:
