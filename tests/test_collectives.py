@@ -136,9 +136,10 @@ def test_parameters_that_got_no_gradient_are_named_not_only_numbered(tmp_path):
             def __init__(self):
                 super().__init__()
                 self.body, self.spare, self.head = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+                self.scale = nn.Parameter(torch.ones(1))  # the model's own parameter: torch names it ".scale"
 
             def forward(self, x):
-                return self.head(self.body(x))  # spare is never used
+                return self.head(self.body(x))  # spare and scale are never used
 
 
         dist.init_process_group("gloo")
@@ -148,9 +149,10 @@ def test_parameters_that_got_no_gradient_are_named_not_only_numbered(tmp_path):
         dist.destroy_process_group()
         """)
     result = run(path, nproc=1, timeout=30, show="none")
-    assert not result.ok and result.failure.unused_parameters == [[2, "spare.weight"], [3, "spare.bias"]], result.message
-    assert result.message.splitlines()[1] == ("Parameters that got no gradient on rank 0: spare.weight, spare.bias "
-                                              "(DDP's indices 2 3).")
+    unused = [[0, "scale"], [3, "spare.weight"], [4, "spare.bias"]]  # the model's own first, as torch orders them
+    assert not result.ok and result.failure.unused_parameters == unused, result.message
+    assert result.message.splitlines()[1] == ("Parameters that got no gradient on rank 0: scale, spare.weight, "
+                                              "spare.bias (DDP's indices 0 3 4).")
 
 
 def test_the_group_the_ranks_are_stuck_in_comes_before_an_older_groups_mismatch():

@@ -114,7 +114,8 @@ def _unused_parameters(exc):
         except Exception:  # noqa: BLE001 - a name is a courtesy: without one the verdict keeps the indices
             continue
         if all(i in mapping for i in indices):
-            names.append({i: mapping[i] for i in indices})
+            # torch names a parameter of the model itself ".name" (an empty module name before the dot)
+            names.append({i: mapping[i].lstrip(".") for i in indices})
     return names[0] if len(names) == 1 else {}
 
 
