@@ -26,6 +26,7 @@ import faulthandler
 import gc
 import importlib
 import os
+import pickle
 import re
 import runpy
 import signal
@@ -52,21 +53,25 @@ def _redirect_output(run_dir, rank):
     faulthandler.enable(file=2)  # a segfault still leaves a stack in the log
 
 
-def _dump_collectives(run_dir, rank, lines=True):
+def _dump_collectives(run_dir, rank, lines=True, asked=False):
     """Write this rank's flight recorder to the run folder, when the script used torch.distributed (torch keeps
     it by default; the record outlives destroy_process_group: a rank that finished still tells what it called).
     Written to another name and renamed: the launcher reads whole files only. lines: with the Python frames of
     each call, which costs a second the first time in a process on an idle machine, 3-5 s on a loaded one
     (torch's symbolizer asks ``hasattr(torch, "_inductor")``, which imports torch._inductor and torch._dynamo):
-    for a failure only; a rank that finished well leaves its calls without them (about a millisecond)."""
-    if "torch.distributed" not in sys.modules:
+    for a failure only; a rank that finished well leaves its calls without them (about a millisecond).
+    asked: the launcher's request at a timeout, answered even by a rank that never used torch.distributed."""
+    if "torch.distributed" not in sys.modules and not asked:
         return
     try:
-        from torch._C._distributed_c10d import _dump_fr_trace
-
         target = dump_file(run_dir, rank)
         partial = target.with_name(target.name + ".partial")
-        partial.write_bytes(_dump_fr_trace(includeStackTraces=lines))
+        if "torch.distributed" in sys.modules:
+            from torch._C._distributed_c10d import _dump_fr_trace
+
+            partial.write_bytes(_dump_fr_trace(includeStackTraces=lines))
+        else:  # asked by the launcher: an empty record says so at once (it waits for every rank's answer)
+            partial.write_bytes(pickle.dumps({"entries": []}))
         os.replace(partial, target)
     except Exception:  # noqa: BLE001 - evidence for the verdict, never a reason for the rank to fail
         pass
@@ -85,7 +90,7 @@ class _DumpOnRequest:
     def _serve(self, run_dir, rank):
         while not self.stop.wait(0.1):
             if os.path.exists(self.request):
-                _dump_collectives(run_dir, rank)
+                _dump_collectives(run_dir, rank, asked=True)
                 return
 
     def close(self):
