@@ -61,9 +61,6 @@ class CollectiveCall:
         group = f" in group {self.group}" if self.group != "0" else ""  # "0": the default group
         return f"{self.op} #{self.seq}{group}{f' of {tensors}' if tensors else ''}{where}"
 
-    def signature(self):
-        return (self.op, self.sizes, self.dtypes)
-
 
 def group_name(group):
     """How a learner reads a group's name: "0" is the default group (torch names groups by a counter)."""
@@ -85,7 +82,6 @@ class HangReport:
     call_sites: dict = field(default_factory=dict)   # rank -> {line: calls} in the group, for the ranks that
                                                      # went on beyond an ended rank (their lines are known)
     lines_before: tuple = None  # (number, {rank: call}, "line"): calls from different lines before the mismatch
-    recorded: list = field(default_factory=list)  # the ranks whose buffers were read
 
     @property
     def stuck(self):
@@ -174,16 +170,12 @@ def calls_of(dump, lab_file):
         for frame in entry.get("frames", []):  # innermost first
             if os.path.abspath(frame.get("filename", "")) == lab_file:
                 line = int(frame["line"])
-                code = _source_line(lab_file, line)
+                code = linecache.getline(lab_file, line).strip()
                 break
         op = entry.get("profiling_name", "").split(":")[-1]
         calls.append(CollectiveCall(group, seq, op, tuple(tuple(s) for s in entry.get("input_sizes", [])),
                                     tuple(entry.get("input_dtypes", [])), done, line, code))
     return calls
-
-
-def _source_line(path, line):
-    return linecache.getline(path, line).strip()
 
 
 def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
@@ -193,7 +185,7 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
     call made from that line is the one it failed in); stack_lines: {rank: (line, code)} of each rank's
     innermost frame in the script, from its stack."""
     calls = {rank: calls_of(dump, lab_file) for rank, dump in sorted(dumps.items())}
-    report = HangReport(recorded=sorted(calls))
+    report = HangReport()
     for rank, found in calls.items():
         pending = [c for c in found if not c.completed]
         if rank in alive and pending:
