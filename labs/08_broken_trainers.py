@@ -98,9 +98,9 @@ class ScaledNetAsGiven(torch.nn.Module):
 class ScaledNet(ScaledNetAsGiven):
     def forward(self, x):
         # TODO 3: a parameter DDP expects a gradient for must take part in the loss; the net's
-        #         output is meant to be scaled by it (find_unused_parameters=True would hide the
-        #         error, not fix the model)
-        raise NotImplementedError("TODO 3: a parameter DDP expects a gradient for must take part in the loss; the net's output is meant to be scaled by it (find_unused_parameters=True would hide the error, not fix the model)")
+        #         output is meant to be scaled by it (telling DDP to look for unused parameters
+        #         hides the error and trains another model)
+        raise NotImplementedError("TODO 3: a parameter DDP expects a gradient for must take part in the loss; the net's output is meant to be scaled by it (telling DDP to look for unused parameters hides the error and trains another model)")
 
 
 # ---------------------------------------------------------------------------------------------------- diverge

@@ -111,7 +111,8 @@ class ScaledNet(ScaledNetAsGiven):
     def forward(self, x):
         ### BEGIN SOLUTION
         ### HINT 1: a parameter DDP expects a gradient for must take part in the loss; the net's output is
-        ### HINT 1: meant to be scaled by it (find_unused_parameters=True would hide the error, not fix the model)
+        ### HINT 1: meant to be scaled by it (telling DDP to look for unused parameters hides the error and
+        ### HINT 1: trains another model)
         ### HINT 2: multiply the head's output by self.out_scale
         hidden = torch.relu(self.body(x))
         return self.head(hidden) * self.out_scale
