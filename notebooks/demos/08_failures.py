@@ -187,7 +187,6 @@ def silent(rank):
             loss = model(x).pow(2).mean()
             optimizer.zero_grad()
             loss.backward()
-            # before the all-reduce there is no hook here: the local loss is what says where a NaN began
             grad_finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
             optimizer.step()
             if part == "edited" and rank == 1 and step == 1:
@@ -230,5 +229,8 @@ report(result=result)
 if args.debug_server:
     time.sleep(STUCK_AFTER_S + 4)  # let rank 0's thread fetch the pages before the servers go
 if error is not None:
+    # a moment before exiting: the first rank to exit closes its sockets, and a peer still waiting would then
+    # report "Connection closed by peer" instead of its own timeout (torchrun stops the rest once one exits)
+    time.sleep(1.0)
     raise error  # the launcher then reads this rank's flight recorder and stack, and says its verdict
 dist.destroy_process_group()
