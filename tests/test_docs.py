@@ -348,7 +348,9 @@ def test_the_room_line_of_a_fresh_copy_reads_as_the_guide_shows(tmp_path):
 
 
 # A learner's reading in the room (issue 32): per notebook, in all, and per markdown cell (table rows aside).
-MAX_ROOM_WORDS, MAX_COURSE_WORDS, MAX_CELL_PROSE = 3500, 26000, 300
+# MAX_COURSE_WORDS: 26,000 held modules 00 to 07; module 08 (debugging, issue 34) adds about 2,300 words in the
+# room, raised for it explicitly rather than cut from the others
+MAX_ROOM_WORDS, MAX_COURSE_WORDS, MAX_CELL_PROSE = 3500, 28500, 300
 
 
 def prose_words(markdown, script):
