@@ -1,7 +1,8 @@
 """The verdict names the cause of a hang or a crash in the collectives, from torch's flight recorder
 (ddpcourse/launch/collectives.py): the rule on dumps shaped as torch 2.13 writes them, then broken scripts
 launched for real: a crash after one rank's extra call (the dumps a rank writes when it raises and when it
-finishes) and a parameter no rank uses. A hang (the dumps the launcher asks for at a timeout) is
+finishes), a peer still waiting when a rank fails (the dump the failing rank asks it for) and a parameter no rank
+uses. A hang (the dumps the launcher asks for at a timeout) is
 tests/test_troubleshooting.py's 3-rank run, whose verdict is checked line by line there."""
 import textwrap
 
@@ -121,6 +122,26 @@ def test_a_crash_after_one_ranks_extra_call_names_the_call_from_the_finished_pee
         "never made.",
         f"  rank 0's calls in the default group came from {path}:6 (3), {path}:8 (1)",  # the extra one stands out
         f"  rank 0 failed in all_reduce #4 of float32[4] at {path}:6 (dist.all_reduce(torch.ones(4)))"]
+
+
+def test_a_peer_stopped_by_torchrun_after_a_rank_failed_still_has_its_call_named(tmp_path):
+    # rank 0 raises at once in torch.distributed while rank 1 waits in a collective. torchrun stops rank 1 as soon
+    # as rank 0 exits: without rank 0 asking for rank 1's record first, the verdict named rank 0's side only
+    path = _script(tmp_path, "peer.py", """\
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            dist.broadcast(torch.ones(3), src=5)  # no rank 5: raises at once
+        else:
+            dist.all_reduce(torch.ones(3))
+        """)
+    result = run(path, nproc=2, timeout=30, show="none")
+    assert not result.ok and not result.timed_out and result.failure.rank == 0, result.message
+    stuck = {**result.collectives.waiting, **result.collectives.failed_in}
+    assert (stuck[1].op, stuck[1].line) == ("all_reduce", 8), result.message
+    assert f"in all_reduce #1 of float32[3] at {path}:8" in result.message  # rank 1's side, said in the verdict
 
 
 def test_parameters_that_got_no_gradient_are_named_not_only_numbered(tmp_path):

@@ -150,6 +150,26 @@ class EventReader:
         return merged
 
 
+def read_events(run_dir, rank):
+    """One rank's events of its latest attempt, read whole at once (complete lines only): for a rank reading
+    its peers', where the launcher follows them with an EventReader."""
+    try:
+        with open(os.path.join(run_dir, f"rank{rank}.events"), "rb") as f:
+            lines = f.read().split(b"\n")[:-1]  # the last piece has no newline yet, or is empty
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == STARTED:
+            events = []
+        events.append(event)
+    return events
+
+
 # ----------------------------------------------------------------------------- the agents' failures
 def failures_file(run_dir, pid):
     return os.path.join(run_dir, f"agent-{pid}.failures.json")

@@ -11,8 +11,9 @@ events in the run folder (ddpcourse.launch.events):
   torchrun's error file, so torchrun's own summary names it (the launcher reads it back from the agent's
   ``ChildFailedError.failures``);
 - its flight recorder (torch's record of the collectives it launched, on by default) is written to the run
-  folder when it raises, when it finishes, and when the launcher asks at a timeout, by a thread of the rank:
-  the main thread is blocked in a collective then (ddpcourse.launch.collectives reads them);
+  folder when it raises, when it finishes, and when asked, by a thread of the rank (the main thread is blocked
+  in a collective then): by the launcher at a timeout, and by a rank that raised in a collective, which waits
+  for its peers' records before torchrun stops them (ddpcourse.launch.collectives reads them);
 - at the end of the script it records whether the default process group is still open (a lab must call
   ``dist.destroy_process_group()``; the launcher reports an open one);
 - a watchdog ends the rank and its children if its parent (torchrun's agent) dies;
@@ -32,11 +33,13 @@ import runpy
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from ddpcourse.todos import todo_in_message
 from ddpcourse.launch.collectives import DUMP_REQUEST, dump_file
-from ddpcourse.launch.events import EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, STARTED, write_event
+from ddpcourse.launch.events import (ENDINGS, EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, STARTED, read_events,
+                                     write_event)
 from ddpcourse.launch.processes import watch_parent
 from ddpcourse.launch.spec import current_spec
 
@@ -98,6 +101,51 @@ class _DumpOnRequest:
         self.thread.join(timeout=1.0)
 
 
+PEERS_WAIT_S = 10.0  # at most, for the peers' records: a first dump with frames takes 1-5 s on a loaded machine
+
+
+def _alive(pid):
+    import psutil  # here only: a rank that never fails in a collective does not pay for it
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _gather_peer_records(run_dir, rank):
+    """Ask every other rank for its flight recorder, and wait until each has written one or ended (at most
+    PEERS_WAIT_S). Why: as soon as this rank exits, torchrun stops the others (SIGTERM), and a peer stopped while
+    it waits in a collective, or while it writes its own record, leaves the verdict nothing of its side (it was
+    seen: a 2-rank order mismatch named only one rank's call, now and then, on a loaded machine)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    peers = [r for r in range(world) if r != rank]
+    if not peers:
+        return
+    request = os.path.join(run_dir, DUMP_REQUEST)
+    try:  # ours to remove afterwards only if we made it (the launcher's own request at a timeout stays)
+        os.close(os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        made = True
+    except FileExistsError:
+        made = False
+    deadline = time.monotonic() + PEERS_WAIT_S
+    waiting = set(peers)
+    while waiting and time.monotonic() < deadline:
+        for peer in sorted(waiting):
+            events = read_events(run_dir, peer)
+            started = [e for e in events if e.get("event") == STARTED]
+            ended = any(e.get("event") in ENDINGS for e in events)
+            gone = bool(started) and not _alive(started[-1]["pid"])
+            if dump_file(run_dir, peer).exists() or ended or gone:
+                waiting.discard(peer)
+        time.sleep(0.05)
+    if made:  # a restarted attempt (torchrun --max-restarts) must not find it and dump at once
+        try:
+            os.remove(request)
+        except OSError:
+            pass
+
+
 # DDP's error for parameters that got no gradient lists their indices; their names need a debug level the
 # learner may not have set. The indices are the one thing read from torch's message: the names are DDP's own.
 _UNUSED = re.compile(r"Parameter indices which did not receive grad for rank \d+: ([\d ]+)")
@@ -154,6 +202,8 @@ def _record_exception(exc, lab_file, run_dir, rank):
         fields["todo"] = {"number": todo[0], "hint": todo[1]}
     # Not printed here: the launcher prints the root-cause rank's traceback once, not once per rank.
     write_event(EXCEPTION, **fields)
+    if in_collective:  # the others' side of the failed collective, before torchrun stops them
+        _gather_peer_records(run_dir, rank)
     if "torch" in sys.modules:  # torchrun's error file ($TORCHELASTIC_ERROR_FILE), written by torch's own handler
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 

@@ -225,7 +225,8 @@ failure = {"extra": extra, "order": order, "outside": outside, "dies": dies, "un
            "silent": silent}[args.failure]
 result, error = outcome(lambda: failure(rank))
 print(f"rank {rank}: {result['type'] or 'returned'} after {result['seconds']:.1f} s", flush=True)
-report(result=result)
+# the flight recorder's size as this rank's environment sets it (None: unset, torch's default applies)
+report(result=result, fr_buffer_size=os.environ.get("TORCH_FR_BUFFER_SIZE"))
 if args.debug_server:
     time.sleep(STUCK_AFTER_S + 4)  # let rank 0's thread fetch the pages before the servers go
 if error is not None:
