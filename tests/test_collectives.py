@@ -251,3 +251,35 @@ def test_a_finished_rank_is_compared_in_the_group_the_other_rank_is_stuck_in():
                                                                                       line=None)], completed=3)}
     report = analyse(ranks, LAB, raised={0: 6})
     assert report.failed_in[0].seq == 4 and report.ended_after[1].seq == 3 and report.call_sites[0] == {6: 4}
+
+
+def test_the_odd_one_out_of_three_is_named_and_is_the_likely_cause():
+    calls = {r: dump([entry(1, "all_gather", line=8)], completed=0) for r in (0, 1)}
+    calls[2] = dump([entry(1, "barrier", (), (), line=17)], completed=0)
+    report = analyse(calls, LAB, alive={0, 1, 2})
+    assert report.odd_one_out == 2 and report.likely_cause == 2
+    assert "  Rank 2 is the odd one out: ranks [0, 1] agree on their call there." in report.lines("t.py")
+    two = analyse({r: calls[r] for r in (0, 2)}, LAB, alive={0, 2})  # two ranks: neither is odder
+    assert two.odd_one_out is None and two.likely_cause == 0
+
+
+def test_a_rank_in_no_collective_is_named_when_the_groups_timeout_fires_first(tmp_path):
+    # rank 1 starves in its own Python while rank 0 waits; the group's 3 s timeout raises on rank 0 long before
+    # the launcher's: rank 0 asks rank 1 for its stack before torchrun stops it
+    path = _script(tmp_path, "starved.py", """\
+        import datetime, queue
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+        batches = queue.Queue()
+        if dist.get_rank() == 1:
+            batches.get()  # nothing ever comes
+        dist.all_reduce(torch.ones(4))
+        """)
+    result = run(path, nproc=2, timeout=60, show="none")
+    assert not result.ok and not result.timed_out and result.failure.rank == 0, result.message
+    assert result.collectives.outside == [1] and 0 in result.collectives.failed_in, result.message
+    assert (f"Likely cause: rank 1 is in no collective (its stack is at {path}:8: batches.get()  # nothing ever "
+            "comes) while rank(s) [0] waited in one.") in result.message.splitlines()
+

@@ -720,3 +720,59 @@ def test_a_stop_in_a_notebook_ends_with_the_summary_not_a_traceback(tmp_path):
     assert "Interrupted: every process of this run" in text, text
     assert f"waits.py:{line_is(path, 'time.sleep(300)')} in <module>:  time.sleep(300)" in text  # where it was
     assert errors == [["Stopped. Where each rank was is printed above."]], errors
+
+
+def test_the_same_error_on_several_ranks_is_one_error_whatever_rank_torch_wrote_into_it():
+    """DDP's unused-parameter error names the raising rank ("... for rank 1: 2 3"): a parameter unused on every
+    rank raises it on every rank, which is one cause, not one rank's error and the others' consequences."""
+    def raised(rank):
+        return _events("started", "ready") + [{"event": "exception", "time": 5.0 + rank, "pid": 2 + rank,
+                                               "type": "RuntimeError", "traceback": "tb",
+                                               "message": f"Expected to have finished reduction ... for rank {rank}: 2 3"}]
+    failure = diagnosis.root_cause({0: raised(0), 1: raised(1)}, 2, {0: 1, 1: 1}, "lab.py")
+    assert failure.rank == 0 and failure.message.endswith("(ranks [1] raised the same error)")
+    assert "as a consequence" not in failure.details
+    other = raised(1)
+    other[-1] = {**other[-1], "type": "ValueError"}  # another type is another error, rank number or not
+    assert "as a consequence" in diagnosis.root_cause({0: raised(0), 1: other}, 2, {0: 1, 1: 1}, "lab.py").details
+
+
+def test_sys_exit_is_named_with_the_line_that_called_it():
+    exited = _events("started", "ready") + [{"event": "exit", "time": 4.0, "pid": 3, "code": 3, "message": "3",
+                                             "lab_line": 12, "lab_code": "sys.exit(3)"}]
+    failure = diagnosis.root_cause({0: _events("started", "ready"), 1: exited}, 2, {1: 3, 0: -15}, "lab.py")
+    assert (failure.rank, failure.kind) == (1, "exit")
+    assert failure.message == "rank 1 called sys.exit(3) at lab.py:12 (sys.exit(3))."
+
+
+def test_a_rank_aborted_inside_a_collective_is_said_to_be_a_size_or_dtype_mismatch_and_peers_that_finished_lost_nothing():
+    finished = _events("started", "ready", "finished", process_group_open=False)
+    failure = diagnosis.root_cause({0: _events("started", "ready"), 1: finished}, 2, {0: -6}, "lab.py",
+                                   last_lines={0: (20, "dist.all_reduce(preds)")}, died_in={0: "all_reduce"})
+    assert failure.message == ("rank 0 was killed by SIGABRT in all_reduce at lab.py:20 (dist.all_reduce(preds)). "
+                               "gloo aborts a rank whose all_reduce receives another number of bytes than its own "
+                               "call expects: the ranks' calls differ in size or dtype.")
+
+
+def test_a_timeout_with_every_rank_in_init_process_group_says_the_group_never_formed(tmp_path):
+    """A wrong world_size: every rank waits in init_process_group for peers that never come; no collective is
+    recorded. Read from the stacks faulthandler wrote (torch's frames by function name)."""
+    from ddpcourse.launch.printing import verdict
+    from ddpcourse.launch.stacks import ranks_in
+
+    frames = ('Thread 0x1 (most recent call first):\n'
+              '  File "/venv/site-packages/torch/distributed/rendezvous.py", line 190 in _create_c10d_store\n'
+              '  File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 1710 in init_process_group\n'
+              '  File "/course/train.py", line 6 in <module>\n')
+    (tmp_path / "rank0.stacks").write_text(frames)
+    (tmp_path / "rank1.stacks").write_text(frames.replace("init_process_group", "all_reduce"))
+    assert ranks_in(tmp_path, range(2), "init_process_group") == [0]
+    events = {rank: _events("started", "ready") for rank in range(2)}
+    failure = diagnosis.timed_out(events, 2, "train.py", 8, True, 60, None, in_init=True)
+    assert "every rank is still in init_process_group, so the process group never formed. torchrun started 2 " \
+           "rank(s)" in failure.message and failure.group_never_formed
+    from ddpcourse.launch.launcher import RunResult
+    result = RunResult(file="train.py", nproc=2, returncode=124, duration=9.0, timed_out=True, failure=failure)
+    assert "usually means another rank never made" not in verdict(result, "train.py")
+    ordinary = diagnosis.timed_out(events, 2, "train.py", 8, True, 60, None)
+    assert "init_process_group" not in ordinary.message and not ordinary.group_never_formed

@@ -356,10 +356,14 @@ def test_collective_sizes_that_differ_abort_on_gloo(trouble):
     assert not result.ok and not result.timed_out and (failure.kind, failure.exitcode) == ("signal", -6), result.message
     first = re.sub(r"rank \d", "rank R", result.message.splitlines()[0])
     call = line_of(trouble, "dist.all_reduce(torch.ones(1000 + rank))")
-    assert first == (f"FAILED: rank R was killed by SIGABRT at {trouble}:{call} (dist.all_reduce(torch.ones(1000 + "
-                     "rank))  # rank R's tensor is one element longer): the other ranks lost their peer."), result.message
-    assert "`FAILED: rank R was killed by SIGABRT at labs/NN_x.py:LINE (dist.all_reduce(...)): the other ranks lost " \
-           "their peer.`" in row("Received data size doesn't match expected size")
+    assert first == (f"FAILED: rank R was killed by SIGABRT in all_reduce at {trouble}:{call} (dist.all_reduce("
+                     "torch.ones(1000 + rank))  # rank R's tensor is one element longer): the other ranks lost their "
+                     "peer. gloo aborts a rank whose all_reduce receives another number of bytes than its own call "
+                     "expects: the ranks' calls differ in size or dtype."), result.message
+    assert "`FAILED: rank R was killed by SIGABRT in all_reduce at labs/NN_x.py:LINE (dist.all_reduce(...)): the " \
+           "other ranks lost their peer. gloo aborts a rank whose all_reduce receives another number of bytes than " \
+           "its own call expects: the ranks' calls differ in size or dtype.`" in row(
+        "Received data size doesn't match expected size")
     said = "\n".join(str(lines) for lines in result.output.values())
     text = row("Received data size doesn't match expected size")
     # gloo's tcp transport (Linux, WSL2) words the abort as the row quotes; macOS's uv transport checks the

@@ -88,10 +88,26 @@ class HangReport:
         return {**self.failed_in, **self.waiting}
 
     @property
+    def odd_one_out(self):
+        """The one rank whose call at the disagreement differs from every other rank's, where those all agree
+        (three ranks or more; with two, neither is odder than the other); else None."""
+        if len(self.calls_at) < 3:
+            return None
+        key = {rank: (call.op, call.sizes, call.dtypes, call.line) for rank, call in self.calls_at.items()}
+        for rank in sorted(key):
+            others = {k for r, k in key.items() if r != rank}
+            if len(others) == 1 and key[rank] not in others:
+                return rank
+        return None
+
+    @property
     def likely_cause(self):
-        """The rank to name first: one outside every collective, else the first of the disagreement."""
+        """The rank to name first: one outside every collective, else the odd one out of the disagreement, else
+        its first rank."""
         if self.outside:
             return self.outside[0]
+        if self.odd_one_out is not None:
+            return self.odd_one_out
         return min(self.calls_at) if self.calls_at else None
 
     def lines(self, script):
@@ -100,8 +116,8 @@ class HangReport:
         for rank in self.outside:
             line, code = self.outside_lines.get(rank, (None, ""))
             where = f" (its stack is at {script}:{line}: {code})" if line else ""
-            waiting = sorted(self.waiting)
-            out.append(f"Likely cause: rank {rank} is in no collective{where} while rank(s) {waiting} wait in one.")
+            out.append(f"Likely cause: rank {rank} is in no collective{where} while rank(s) {sorted(stuck)} "
+                       f"{'wait' if not self.failed_in else 'waited'} in one.")
         groups = sorted({call.group for call in self.waiting.values()})
         if len(groups) > 1 and not self.outside:  # a rank in no collective explains the wait better
             where = ", ".join(f"rank {r} in {group_name(c.group)}" for r, c in sorted(self.waiting.items()))
@@ -123,6 +139,10 @@ class HangReport:
             group = group_name(next(iter(self.calls_at.values())).group)
             out.append(f"The ranks disagree first at collective #{self.disagreement} of {group} (torch's count: the "
                        f"collectives of DDP and other libraries count too), {differ}: {calls}.")
+            odd = self.odd_one_out
+            if odd is not None:
+                rest = sorted(r for r in self.calls_at if r != odd)
+                out.append(f"  Rank {odd} is the odd one out: ranks {rest} agree on their call there.")
         if self.lines_before:
             seq, calls_then, _ = self.lines_before
             where = "; ".join(f"rank {r}: {c.describe(script)}" for r, c in sorted(calls_then.items()))

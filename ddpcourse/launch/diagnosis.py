@@ -49,6 +49,7 @@ class RankFailure:
     error: str = ""
     hint: str = ""
     unused_parameters: list = None  # [[index, name]] of the parameters DDP says got no gradient on this rank
+    group_never_formed: bool = False  # a timeout with every rank still in init_process_group
 
 
 def not_runnable(display_file, exists, syntax):
@@ -58,15 +59,21 @@ def not_runnable(display_file, exists, syntax):
                        error=syntax.strip().splitlines()[-1])
 
 
-def timed_out(events, world_size, display_file, timeout, started, startup_limit, collectives=None):
+def timed_out(events, world_size, display_file, timeout, started, startup_limit, collectives=None, in_init=False):
     """The run ran out of time: a hang once every rank was ready (``started``), or a start-up that did not
     end within ``startup_limit``. Named after the likely cause the flight recorders show (``collectives``, a
-    HangReport), else the first rank still running (events: {rank: [event, ...]})."""
+    HangReport), else the first rank still running (events: {rank: [event, ...]}). in_init: every rank's stack
+    is in init_process_group, and no collective was recorded."""
     running = [r for r in range(world_size) if not any(e["event"] in ENDINGS for e in events.get(r, []))] or [0]
     if started:
         likely = collectives.likely_cause if collectives else None
-        return RankFailure(running[0] if likely is None else likely, TIMEOUT,
-                           message=f"{display_file} did not finish within {timeout:g} s of every rank being ready")
+        why = (f": every rank is still in init_process_group, so the process group never formed. torchrun started "
+               f"{world_size} rank(s): a world_size or rank passed to init_process_group other than torchrun's "
+               "(WORLD_SIZE, RANK), or another MASTER_ADDR or MASTER_PORT, keeps the ranks waiting for a peer "
+               "that never comes") if in_init else ""
+        return RankFailure(running[0] if likely is None else likely, TIMEOUT, group_never_formed=in_init,
+                           message=f"{display_file} did not finish within {timeout:g} s of every rank being "
+                                   f"ready{why}")
     return RankFailure(running[0], STARTUP_TIMEOUT,
                        message=f"{display_file}: the ranks did not start within {startup_limit:g} s")
 
@@ -121,12 +128,13 @@ def aborted_after_finishing(events, world_size, exit_codes):
     return sorted(rank for rank, code in codes.items() if code == -signal.SIGABRT)
 
 
-def root_cause(events, world_size, exit_codes, display_file, last_lines=None):
+def root_cause(events, world_size, exit_codes, display_file, last_lines=None, died_in=None):
     """The RankFailure that explains the run, or None when every rank ended well.
 
     events: {rank: [event, ...]} of each rank's latest attempt; exit_codes: {rank: code} of the ranks
     whose process ended with a non-zero code (others: absent or 0); last_lines: {rank: (line, code)} of the
-    script's line in the stack a rank's fatal signal left in its log (faulthandler), when it left one.""" 
+    script's line in the stack a rank's fatal signal left in its log (faulthandler), when it left one;
+    died_in: {rank: the torch.distributed collective that stack was in} (stacks.collective_in)."""
     if aborted_after_finishing(events, world_size, exit_codes):
         return None
     exceptions, exits, finished, silent = [], [], [], []
@@ -144,8 +152,9 @@ def root_cause(events, world_size, exit_codes, display_file, last_lines=None):
     if own or exits:
         rank, row = min(own + exits, key=lambda item: item[1]["time"])
         if row["event"] == EXIT:
+            at = f" at {display_file}:{row['lab_line']} ({row.get('lab_code', '')})" if row.get("lab_line") else ""
             return RankFailure(rank, EXIT_KIND, codes.get(rank, row["code"]),
-                               message=f"rank {rank} called sys.exit({row['message']}).")
+                               message=f"rank {rank} called sys.exit({row['message']}){at}.")
         return _exception_failure(rank, row, exceptions, codes, display_file)
 
     if silent or exceptions:
@@ -155,10 +164,16 @@ def root_cause(events, world_size, exit_codes, display_file, last_lines=None):
         if died or (silent and not exceptions):
             rank = (died or silent)[0]
             code = codes.get(rank)
-            how = describe_exit(code, in_script=True) if code is not None else "stopped without a Python exception"
-            lost = ": the other ranks lost their peer." if world_size > 1 else "."
+            op = (died_in or {}).get(rank)
+            how = describe_exit(code, in_script=op is None) if code is not None else "stopped without a Python exception"
+            others_finished = all(any(row["event"] == FINISHED for row in events.get(r, []))
+                                  for r in range(world_size) if r != rank)
+            lost = "." if others_finished else ": the other ranks lost their peer."
             line, text = (last_lines or {}).get(rank) or (None, "")
-            at = f" at {display_file}:{line} ({text})" if line else ""
+            at = (f" in {op}" if op else "") + (f" at {display_file}:{line} ({text})" if line else "")
+            if op and code == -signal.SIGABRT:  # gloo's receiver checks the byte count it gets against its own call
+                lost += (f" gloo aborts a rank whose {op} receives another number of bytes than its own call "
+                         "expects: the ranks' calls differ in size or dtype.")
             return RankFailure(rank, _exit_kind(code), code, details=_peer_errors(exceptions),
                                message=f"rank {rank} {how}{at}{lost}")
         rank, row = min(exceptions, key=lambda item: item[1]["time"])
@@ -187,6 +202,17 @@ def root_cause(events, world_size, exit_codes, display_file, last_lines=None):
     return None
 
 
+def _same_error(one, other):
+    """Whether two ranks raised the same error: torch writes the raising rank's number into some messages (DDP's
+    "did not receive grad for rank 1"), which makes them no less the same."""
+    def without_rank(row):
+        return _RANK_NUMBER.sub("rank #", row["message"])
+    return one["type"] == other["type"] and without_rank(one) == without_rank(other)
+
+
+_RANK_NUMBER = re.compile(r"\b([Rr]ank) \d+")
+
+
 def _exception_failure(rank, row, exceptions, codes, display_file):
     todo = row.get("todo")
     if todo:
@@ -195,10 +221,10 @@ def _exception_failure(rank, row, exceptions, codes, display_file):
         return RankFailure(rank, TODO, codes.get(rank), todo=todo["number"], hint=todo["hint"],
                            error=_error(row), details=row["traceback"].rstrip(),
                            message=f"TODO {todo['number']} in {display_file} is not done yet{where}{hint}")
-    twins = sorted(r for r, e in exceptions if e["message"] == row["message"] and e["type"] == row["type"])
+    twins = sorted(r for r, e in exceptions if _same_error(e, row))
     if twins and twins[0] != rank:  # the same error on several ranks: name the lowest, whatever came first
         rank, row = twins[0], dict(exceptions)[twins[0]]
-    same = sorted(r for r, e in exceptions if e["message"] == row["message"] and r != rank)
+    same = sorted(r for r, e in exceptions if _same_error(e, row) and r != rank)
     also = f" (ranks {same} raised the same error)" if same else ""
     others = [(r, e) for r, e in exceptions if r != rank and r not in same]
     details = row["traceback"].rstrip()

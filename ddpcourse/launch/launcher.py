@@ -33,7 +33,8 @@ from ddpcourse.launch.printing import RunPrinter, verdict
 from ddpcourse.launch.processes import kill_run, processes_of_run  # noqa: F401 - processes_of_run: notebook 00
 from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
 from ddpcourse.launch.collectives import analyse, read_dumps, request_dumps
-from ddpcourse.launch.stacks import lab_line, stacks_text, where_ranks_are
+from ddpcourse.launch.stacks import (collective_in, lab_line, ranks_in, stacks_text, where_ranks_are,
+                                     where_stopped_ranks_were)
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
 
 DEFAULT_TIMEOUT = 60.0   # seconds a run may take once every rank is ready
@@ -133,6 +134,8 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             exit_codes = _agent_exit_codes(run_dir)
             if ranks.hang_evidence or exit_codes:  # only a run that failed is explained
                 result.collectives = _collectives(run_dir, ranks, lab_file)
+            if result.timed_out and not result.collectives:  # no collective recorded: did the group ever form?
+                ranks.forming = ranks_in(run_dir, range(world), "init_process_group")
 
     result.duration = time.monotonic() - start
     result.output = ranks.output
@@ -190,6 +193,7 @@ class _RankWatch:
 
     def __init__(self, run_dir, world, printer):
         self.logs, self.events, self.printer = _RankLogs(run_dir), EventReader(run_dir), printer
+        self.forming = []  # at a timeout with no collective recorded: the ranks still in init_process_group
         self.output = {rank: [] for rank in range(world)}
         self.ready = set()
         self.world = world
@@ -248,12 +252,13 @@ def _judge(result, agents, ranks, exit_codes, shown, timeout, lab_file):
         result.writes[rank] = [e["path"] for e in by_rank[rank] if e["event"] == WROTE]
     if result.timed_out:
         result.failure = diagnosis.timed_out(by_rank, world, shown, timeout, len(ranks.ready) == world,
-                                             STARTUP_TIMEOUT, result.collectives)
+                                             STARTUP_TIMEOUT, result.collectives, in_init=len(ranks.forming) == world)
         return
     # a rank killed by a signal: where its faulthandler stack (in its log) was in the script
-    last_lines = {rank: lab_line("\n".join(ranks.output.get(rank, [])), lab_file) for rank, code in exit_codes.items()
-                  if code and code < 0}
-    result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown, last_lines)
+    logs = {rank: "\n".join(ranks.output.get(rank, [])) for rank, code in exit_codes.items() if code and code < 0}
+    last_lines = {rank: lab_line(text, lab_file) for rank, text in logs.items()}
+    died_in = {rank: collective_in(text) for rank, text in logs.items()}
+    result.failure = diagnosis.root_cause(by_rank, world, exit_codes, shown, last_lines, died_in)
     result.aborted_at_exit = diagnosis.aborted_after_finishing(by_rank, world, exit_codes)
     if result.aborted_at_exit:  # torch's exit race, after a complete run: see aborted_after_finishing
         result.returncode = 0
@@ -274,7 +279,10 @@ def _agent_exit_codes(run_dir):
 def _collectives(run_dir, ranks, lab_file):
     """The HangReport of the ranks' flight recorders: those asked for at a timeout, or those the ranks wrote
     when they raised. None when no rank was in a collective that matters (most failures)."""
-    dumps, lines = ranks.hang_evidence or (read_dumps(run_dir, range(ranks.world), wait=0), {})
+    # at a timeout: where the launcher found each rank; after a failure: the ranks that were still running, whose
+    # stacks the failing rank asked for before torchrun stopped them
+    dumps, lines = ranks.hang_evidence or (read_dumps(run_dir, range(ranks.world), wait=0),
+                                           where_stopped_ranks_were(run_dir, ranks.events, lab_file))
     if not dumps:
         return None
     raised = {}

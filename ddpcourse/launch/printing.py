@@ -76,7 +76,9 @@ def verdict(result, shown):
                           *_collectives_lines(result, shown),
                           "Where each rank was (most recent call first):",
                           stacks_text(result.stacks, result.world_size),
-                          "A rank waiting in a collective usually means another rank never made the matching call."])
+                          *([] if result.failure and result.failure.group_never_formed else
+                            ["A rank waiting in a collective usually means another rank never made the matching "
+                             "call."])])
     failure = result.failure
     if failure is None:
         tail = "\n".join(result.agent_output.strip().splitlines()[-15:])

@@ -114,8 +114,8 @@ def _alive(pid):
 
 
 def _gather_peer_records(run_dir, rank):
-    """Ask every other rank for its flight recorder, and wait until each has written one or ended (at most
-    PEERS_WAIT_S). Why: as soon as this rank exits, torchrun stops the others (SIGTERM), and a peer stopped while
+    """Ask every other rank for its flight recorder and its stack, and wait until each has written a record or
+    ended (at most PEERS_WAIT_S). Why: as soon as this rank exits, torchrun stops the others (SIGTERM), and a peer stopped while
     it waits in a collective, or while it writes its own record, leaves the verdict nothing of its side (it was
     seen: a 2-rank order mismatch named only one rank's call, now and then, on a loaded machine)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -128,6 +128,14 @@ def _gather_peer_records(run_dir, rank):
         made = True
     except FileExistsError:
         made = False
+    for peer in peers:  # and for its stack (faulthandler, as at a timeout): where a peer in no collective is
+        events = read_events(run_dir, peer)
+        started = [e for e in events if e.get("event") == STARTED]
+        if hasattr(signal, "SIGUSR1") and started and not any(e.get("event") in ENDINGS for e in events):
+            try:
+                os.kill(started[-1]["pid"], signal.SIGUSR1)
+            except OSError:
+                pass
     deadline = time.monotonic() + PEERS_WAIT_S
     waiting = set(peers)
     while waiting and time.monotonic() < deadline:
@@ -280,7 +288,9 @@ def main():
         if code in (None, 0):
             _finished(spec.run_dir, rank)
         else:
-            write_event(EXIT, code=code if isinstance(code, int) else 1, message=str(code))
+            where = [f for f in _lab_frames(exc.__traceback__, lab_file) if os.path.abspath(f.filename) == lab_file]
+            at = {"lab_line": where[-1].lineno, "lab_code": (where[-1].line or "").strip()} if where else {}
+            write_event(EXIT, code=code if isinstance(code, int) else 1, message=str(code), **at)
         raise
     except KeyboardInterrupt:
         dumper.close()

@@ -120,3 +120,48 @@ def where_ranks_are(run_dir, events, lab_file, wait=2.0):
     lines = {rank: lab_line(text, lab_file) for rank, text in raw.items()}
     where.update({rank: STILL_STARTING for rank in starting})
     return dict(sorted(where.items())), lines
+
+
+def where_stopped_ranks_were(run_dir, events, lab_file):
+    """{rank: (line, code) or None} of the ranks that were still running when a peer failed in a collective:
+    that peer asked them for their stacks (ddpcourse.launch.rank) before torchrun stopped them. A rank with an
+    ending event, or that left no stack, is not among them."""
+    found = {}
+    for rank in events.ranks():
+        if any(e["event"] in ENDINGS for e in events.events(rank)):
+            continue
+        try:
+            raw = (Path(run_dir) / f"rank{rank}.stacks").read_text(errors="replace")
+        except OSError:
+            continue
+        if raw.strip():
+            found[rank] = lab_line(raw, lab_file)
+    return found
+
+
+def collective_in(raw):
+    """The torch.distributed function (all_reduce, broadcast, ...) innermost in the stack a rank's fatal signal
+    left (faulthandler's text), or None: where a rank died inside a collective."""
+    marker = os.path.join("torch", "distributed", "distributed_c10d.py")
+    for line in raw.splitlines():  # innermost first, thread by thread: the first such frame is where it died
+        match = _FRAME.match(line)
+        if match and match.group(1).endswith(marker) and not match.group(3).startswith("_"):
+            return match.group(3)
+    return None
+
+
+def ranks_in(run_dir, ranks, function):
+    """The ranks among ``ranks`` whose last stack (rank<r>.stacks) is inside torch.distributed's ``function``
+    (e.g. init_process_group): where every rank waits at start-up for a peer that never comes."""
+    marker = os.path.join("torch", "distributed") + os.sep
+    found = []
+    for rank in ranks:
+        try:
+            raw = (Path(run_dir) / f"rank{rank}.stacks").read_text(errors="replace")
+        except OSError:
+            continue
+        frames = [m for m in map(_FRAME.match, raw.splitlines()) if m]
+        if any(marker in m.group(1) and m.group(3) == function for m in frames):
+            found.append(rank)
+    return found
+
