@@ -5,7 +5,7 @@ Each trainer is a short, realistic DDP training run with one distributed bug, of
     crash    a trainer whose model has a learned output scale: it dies with a RuntimeError from DDP;
     diverge  a trainer with a learning-rate schedule: it finishes, and its replicas no longer agree.
 
-The design (notebook 08, section 7): the part of each trainer that holds the bug is given twice, once as it
+The design (notebook 08, section 4): the part of each trainer that holds the bug is given twice, once as it
 was written (the functions and class named *_as_given, outside the TODOs: run them, never edit them) and once
 as a TODO that you fill with the fixed version. `--as-given` runs the given version, so that you can watch it
 fail under the tools of notebook 08; without it the trainer runs your fix. TODO 1 is your diagnosis, written as
@@ -22,7 +22,8 @@ Watch it fail:  python -m ddpcourse run labs/08_broken_trainers.py --nproc 3 -- 
 Run your fix:   python -m ddpcourse run labs/08_broken_trainers.py --nproc 3 -- --trainer hang
 Check:          python -m ddpcourse check labs/08_broken_trainers.py
 The check runs each fixed trainer on 1, 2 and 3 ranks and compares its final weights with the same training
-done in one process (the check computes that itself), and compares your diagnoses with the true causes.
+done in one process (the check computes that itself), the mean losses the hang trainer logs with that training's
+losses, every rank's learning rate after every step with the schedule, and your diagnoses with the true causes.
 """
 import argparse
 import datetime
@@ -42,7 +43,10 @@ EPOCHS = 2
 LR = 0.05
 LOG_EVERY = 2           # steps between log lines
 SEED = 0
-# A debugging timeout: a rank stuck in a collective raises after 5 s instead of torch's 30 minutes.
+# A debugging timeout for the default group (init_process_group's, where DDP's collectives run): a rank stuck in
+# one of its collectives raises after 5 s instead of torch's 30 minutes. A group made later by dist.new_group()
+# does not inherit it: without a timeout= of its own it gets torch's 30 minutes (train() makes one so, as the
+# script was written).
 PG_TIMEOUT = datetime.timedelta(seconds=5)
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -70,24 +74,32 @@ def diagnoses():
 
 # ---------------------------------------------------------------------------------------------------- hang
 def log_progress_as_given(step, loss, rank, log_group):
-    """The mean loss over the ranks, printed every LOG_EVERY steps (as written: it hangs). Its all-reduce
-    goes through a group of its own, created so that logging never gets in the way of DDP's collectives."""
+    """The mean loss over the ranks, printed every LOG_EVERY steps and returned (as written: it hangs). Its
+    all-reduce goes through a group of its own, created so that logging never gets in the way of DDP's
+    collectives."""
     if rank == 0 and step % LOG_EVERY == 0:
         total = loss.detach().clone()
         dist.all_reduce(total, group=log_group)
-        print(f"step {step}: mean loss {total.item() / dist.get_world_size():.4f}", flush=True)
+        mean = total.item() / dist.get_world_size()
+        print(f"step {step}: mean loss {mean:.4f}", flush=True)
+        return mean
 
 
 def log_progress(step, loss, rank, log_group):
-    """The mean loss over the ranks (through log_group), printed every LOG_EVERY steps, by rank 0."""
+    """The mean loss over the ranks (through log_group), every LOG_EVERY steps: rank 0 prints it and returns it;
+    every other call returns None. The trainer reports what it returns, and the check compares it with the
+    losses of the same training in one process."""
     ### BEGIN SOLUTION
-    ### HINT 1: a collective is a call every rank makes, in the same order: only the printing is rank 0's
-    ### HINT 2: move `rank == 0` from the condition of the all_reduce to the print
+    ### HINT 1: a collective is a call every rank makes, in the same order: only the printing (and the value
+    ### HINT 1: returned) is rank 0's
+    ### HINT 2: move `rank == 0` from the condition of the all_reduce to the print and the return
     if step % LOG_EVERY == 0:
         total = loss.detach().clone()
         dist.all_reduce(total, group=log_group)  # every rank: a collective waits for all the group's ranks
         if rank == 0:
-            print(f"step {step}: mean loss {total.item() / dist.get_world_size():.4f}", flush=True)
+            mean = total.item() / dist.get_world_size()
+            print(f"step {step}: mean loss {mean:.4f}", flush=True)
+            return mean
     ### END SOLUTION
 
 
@@ -158,10 +170,12 @@ def train(trainer, as_given):
         model = DDP(ScaledNetAsGiven() if as_given else ScaledNet())
     else:
         model = DDP(build_model(SEED))
-    log_group = dist.new_group()  # every rank creates every group, in the same order (torch's rule)
+    # every rank creates every group, in the same order (torch's rule); no timeout= here, so this group waits
+    # torch's default 30 minutes, not PG_TIMEOUT
+    log_group = dist.new_group()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    checksums, step = [], 0
+    checksums, logged_means, learning_rates, step = [], [], [], 0
     for epoch in range(EPOCHS):
         for start in range(0, len(order), batch):
             indices = order[start:start + batch]
@@ -172,11 +186,15 @@ def train(trainer, as_given):
             optimizer.step()
             step += 1
             if trainer == "hang":
-                (log_progress_as_given if as_given else log_progress)(step, loss, rank, log_group)
+                mean = (log_progress_as_given if as_given else log_progress)(step, loss, rank, log_group)
+                if mean is not None:
+                    logged_means.append([step, mean])
             if trainer == "diverge":
                 (end_of_step_as_given if as_given else end_of_step)(step, loss, rank, scheduler)
             checksums.append(weight_checksum(model))  # after step `step`
-    report(trainer=trainer, as_given=as_given, steps=step, checksums=checksums, weights=model.module.state_dict())
+            learning_rates.append(optimizer.param_groups[0]["lr"])  # the rate of step `step` + 1, on this rank
+    report(trainer=trainer, as_given=as_given, steps=step, checksums=checksums, weights=model.module.state_dict(),
+           logged_means=logged_means, learning_rates=learning_rates)
     if not as_given:  # the as-given trainers run before any TODO is done: they ask for no diagnosis
         report(diagnoses=diagnoses())
     dist.destroy_process_group()

@@ -59,6 +59,33 @@ def test_the_scheduler_left_on_rank_0(report):
     assert not detail(report, "fixed diverge trainer ends with the one-process weights").passed
 
 
+@wrong_version(LAB, ("""        dist.all_reduce(total, group=log_group)  # every rank: a collective waits for all the group's ranks
+        if rank == 0:
+            mean = total.item() / dist.get_world_size()""", """        if rank == 0:
+            mean = total.item()"""))
+def test_no_hang_because_no_all_reduce_logs_rank_0s_own_loss(report):
+    # nothing waits any more and the training is untouched: only the logged value tells
+    assert detail(report, "fixed hang trainer ends with the one-process weights").passed
+    logged = detail(report, "hang trainer logs the mean of the ranks' losses")
+    assert not logged.passed and "rank 0 logged" in logged.detail and "the all_reduce" in logged.detail
+
+
+@wrong_version(LAB, ("""    if step % LOG_EVERY == 0:
+        if rank == 0:
+            print(f"step {step}: loss {loss.item():.4f}, lr {scheduler.get_last_lr()[0]:.4f}", flush=True)
+        scheduler.step()  # every rank: DDP does not synchronize the learning rate""",
+                     """    end_of_step_as_given(step, loss, rank, scheduler)
+    for group in scheduler.optimizer.param_groups:  # rank 0's weights on every rank: the replicas agree again
+        for parameter in group["params"]:
+            dist.broadcast(parameter.data, src=0)"""))
+def test_rank_0s_weights_broadcast_over_a_scheduler_stepped_on_rank_0_alone(report):
+    # rank 0 steps at the right rate and every rank takes its weights: the weights are right, the rates are not
+    assert detail(report, "fixed diverge trainer's replicas agree").passed
+    assert detail(report, "fixed diverge trainer ends with the one-process weights").passed
+    rates = detail(report, "diverge trainer steps at the schedule's learning rate")
+    assert not rates.passed and "rank 1's learning rate after step 2 is 0.05" in rates.detail
+
+
 def test_the_true_causes_are_what_the_as_given_trainers_do():
     """One launch per as-given trainer on 3 ranks: the check's TRUE_CAUSES are read off these runs."""
     from ddpcourse.checks.lab08 import TRUE_CAUSES
