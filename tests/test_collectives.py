@@ -6,7 +6,7 @@ uses. A hang (the dumps the launcher asks for at a timeout) is
 tests/test_troubleshooting.py's 3-rank run, whose verdict is checked line by line there."""
 import textwrap
 
-from ddpcourse.launch.collectives import analyse, calls_of
+from ddpcourse.launch.collectives import analyse, calls_of, silent_mismatch
 from ddpcourse.launch.launcher import run
 
 LAB = "/course/train.py"
@@ -282,4 +282,26 @@ def test_a_rank_in_no_collective_is_named_when_the_groups_timeout_fires_first(tm
     assert result.collectives.outside == [1] and 0 in result.collectives.failed_in, result.message
     assert (f"Likely cause: rank 1 is in no collective (its stack is at {path}:8: batches.get()  # nothing ever "
             "comes) while rank(s) [0] waited in one.") in result.message.splitlines()
+
+
+def test_a_run_whose_calls_differed_in_dtype_is_told_though_no_rank_raised():
+    """int32 and float32 all_reduces of 4 numbers move the same bytes: gloo raises nothing (probe p17b)."""
+    from ddpcourse.launch.launcher import RunResult
+    from ddpcourse.launch.printing import verdict
+
+    ranks = {0: dump([entry(1, "all_reduce", line=0), entry(2, "all_reduce", dtypes=("Int",), line=0)], 2),
+             1: dump([entry(1, "all_reduce", line=0), entry(2, "all_reduce", line=0)], 2)}
+    found = silent_mismatch(ranks, LAB)
+    assert (found.disagreement, found.mismatch) == (2, "dtypes")
+    result = RunResult(file=LAB, nproc=2, returncode=0, duration=1.0, silent_mismatch=found)
+    assert result.ok and verdict(result, "t.py").splitlines()[1] == (
+        "But the ranks' calls differ at collective #2 of the default group (different dtypes: rank 0: all_reduce "
+        "#2 of int32[4]; rank 1: all_reduce #2 of float32[4]): gloo moved the bytes without an error, and that "
+        "call's result is garbage.")
+    # ops whose ranks pass different tensors by design (scatter's list lives on its source only) are not compared
+    scatter = {0: dump([entry(1, "scatter", sizes=((4,), (4,)), dtypes=("Float", "Float"), line=0)], 1),
+               1: dump([entry(1, "scatter", sizes=(), dtypes=(), line=0)], 1)}
+    assert silent_mismatch(scatter, LAB) is None
+    ranks[0]["entries"][1] = entry(2, "all_reduce", line=0)  # the same calls: nothing to say
+    assert silent_mismatch(ranks, LAB) is None
 

@@ -33,6 +33,7 @@ class RunResult:
     failure: RankFailure = None
     stacks: dict = field(default_factory=dict)   # rank -> formatted stack at the timeout
     collectives: HangReport = None  # what the ranks' flight recorders say, when a run hung or crashed in them
+    silent_mismatch: HangReport = None  # a run that finished: a call whose sizes or dtypes differed across ranks
     writes: dict = field(default_factory=dict)   # rank -> files its observer saw it write (checks/write_observer.py)
     message: str = ""
     aborted_at_exit: list = field(default_factory=list)  # ranks torch aborted after a complete run (diagnosis)

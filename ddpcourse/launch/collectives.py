@@ -229,6 +229,30 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
     return report
 
 
+# ops whose every rank must pass tensors of the same sizes and dtypes (all_to_all, scatter, gather and the
+# reduce-scatters may differ by design); gloo checks only the byte count it receives, and only where it receives
+SAME_ON_EVERY_RANK = ("all_reduce", "broadcast", "reduce", "all_gather")
+
+
+def silent_mismatch(dumps, lab_file):
+    """For a run whose every rank finished: the first call, in each group's order, of an op in
+    SAME_ON_EVERY_RANK whose sizes or dtypes differ across ranks, as a HangReport (disagreement, calls_at,
+    mismatch), else None. Why: an int32 and a float32 all_reduce of 3 numbers move the same 12 bytes, so gloo
+    adds one rank's bit patterns to the other's without an error, and the run ends as if nothing happened."""
+    by_call = {}
+    for rank, dump in sorted(dumps.items()):
+        for call in calls_of(dump, lab_file):
+            by_call.setdefault((call.group, call.seq), {})[rank] = call
+    for (group, seq), calls in sorted(by_call.items(), key=lambda item: (item[0][1], item[0][0])):
+        ops = {call.op for call in calls.values()}
+        if len(calls) < 2 or len(ops) > 1 or ops.pop() not in SAME_ON_EVERY_RANK:
+            continue
+        what = _what_differs(calls.values())
+        if what in ("sizes", "dtypes"):
+            return HangReport(disagreement=seq, calls_at=calls, mismatch=what)
+    return None
+
+
 def _waited_on(pending, at):
     """The open call a running rank waits on: the oldest open one made from the line its stack is at (DDP
     launches every bucket's all-reduce from one backward() line, and waits on the oldest first), within the

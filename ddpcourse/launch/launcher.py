@@ -32,7 +32,7 @@ from ddpcourse.launch.events import EXCEPTION, READY, SERVE_STORE, WROTE, EventR
 from ddpcourse.launch.printing import RunPrinter, verdict
 from ddpcourse.launch.processes import kill_run, processes_of_run  # noqa: F401 - processes_of_run: notebook 00
 from ddpcourse.launch.spec import RUN_SPEC_ENV, RunSpec
-from ddpcourse.launch.collectives import analyse, read_dumps, request_dumps
+from ddpcourse.launch.collectives import analyse, read_dumps, request_dumps, silent_mismatch
 from ddpcourse.launch.stacks import (collective_in, lab_line, ranks_in, stacks_text, where_ranks_are,
                                      where_stopped_ranks_were)
 from ddpcourse.paths import COURSE_ROOT, compile_error, display_path
@@ -134,6 +134,8 @@ def run(file, nproc=2, args=(), timeout=DEFAULT_TIMEOUT, show="all", env=None, t
             exit_codes = _agent_exit_codes(run_dir)
             if ranks.hang_evidence or exit_codes:  # only a run that failed is explained
                 result.collectives = _collectives(run_dir, ranks, lab_file)
+            if not (result.collectives or result.interrupted or result.timed_out):  # did the ranks' calls agree?
+                result.silent_mismatch = silent_mismatch(read_dumps(run_dir, range(world), wait=0), lab_file)
             if result.timed_out and not result.collectives:  # no collective recorded: did the group ever form?
                 ranks.forming = ranks_in(run_dir, range(world), "init_process_group")
 

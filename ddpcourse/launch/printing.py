@@ -5,6 +5,7 @@ lines grouped by rank, so a cell's permanent output is the same on every run.
 """
 import sys
 
+from ddpcourse.launch.collectives import group_name
 from ddpcourse.launch.diagnosis import FailureKind
 from ddpcourse.launch.stacks import stacks_text
 
@@ -58,6 +59,8 @@ def verdict(result, shown):
     if result.ok:
         nodes = f" ({result.nnodes} nodes of {result.nproc})" if result.nnodes > 1 else ""
         text = f"OK: {shown} finished on {result.world_size} rank{'s' if result.world_size > 1 else ''}{nodes}{took}."
+        if result.silent_mismatch:  # finished, and wrong: gloo moved the bytes it was given
+            text += "\nBut t" + _mismatch_line(result.silent_mismatch, shown)[1:]
         if result.aborted_at_exit:
             text += (f"\n(after the script ended, torch aborted rank(s) {result.aborted_at_exit} while exiting: its "
                      "exit race, docs/troubleshooting.md; the run's results are complete)")
@@ -83,7 +86,9 @@ def verdict(result, shown):
     if failure is None:
         tail = "\n".join(result.agent_output.strip().splitlines()[-15:])
         return f"FAILED: {shown} (exit code {result.returncode}); torchrun said:\n{tail}"
-    text = "\n".join([f"FAILED: {failure.message}", *_unused_lines(failure), *_collectives_lines(result, shown)])
+    mismatch = [_mismatch_line(result.silent_mismatch, shown)] if result.silent_mismatch else []
+    text = "\n".join([f"FAILED: {failure.message}", *_unused_lines(failure), *_collectives_lines(result, shown),
+                      *mismatch])
     if failure.details:
         text += "\n" + failure.details.rstrip()
     return text
@@ -92,6 +97,15 @@ def verdict(result, shown):
 def _collectives_lines(result, shown):
     """What the ranks' flight recorders say (ddpcourse.launch.collectives), ahead of the stacks or traceback."""
     return result.collectives.lines(shown) if result.collectives else []
+
+
+def _mismatch_line(found, shown):
+    """A call of the same op whose sizes or dtypes differed across ranks, in a run no collective stopped
+    (ddpcourse.launch.collectives.silent_mismatch)."""
+    calls = "; ".join(f"rank {r}: {c.describe(shown)}" for r, c in sorted(found.calls_at.items()))
+    group = group_name(next(iter(found.calls_at.values())).group)
+    return (f"The ranks' calls differ at collective #{found.disagreement} of {group} (different {found.mismatch}: "
+            f"{calls}): gloo moved the bytes without an error, and that call's result is garbage.")
 
 
 def _unused_lines(failure):
