@@ -38,6 +38,8 @@ parser.add_argument("--failure", required=True,
                     choices=["extra", "order", "outside", "dies", "unused", "world", "silent"])
 parser.add_argument("--pg-timeout", type=float, default=4.0, help="seconds: the group's timeout (short: debugging)")
 parser.add_argument("--monitored", action="store_true", help="outside: call dist.monitored_barrier first")
+parser.add_argument("--detail-after-init", action="store_true",
+                    help="set TORCH_DISTRIBUTED_DEBUG's DETAIL from Python once the default group exists")
 parser.add_argument("--dump-dir", default="", help="where each rank writes its flight recorder when stuck")
 parser.add_argument("--debug-server", type=int, default=0, help="port of torch.distributed.debug's server")
 args = parser.parse_args()
@@ -51,6 +53,10 @@ def init(world_size=None):
         dist.init_process_group("gloo", timeout=timeout)
     else:
         dist.init_process_group("gloo", timeout=timeout, world_size=world_size)
+    if args.detail_after_init:
+        # after init: the group is not wrapped (DETAIL's wrapper is chosen when a group is made), so DDP's
+        # constructor, which crashes on a wrapped gloo group, runs; DDP's errors still read the level
+        dist.set_debug_level(dist.DebugLevel.DETAIL)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -231,7 +237,9 @@ if args.debug_server:
     time.sleep(STUCK_AFTER_S + 4)  # let rank 0's thread fetch the pages before the servers go
 if error is not None:
     # a moment before exiting: the first rank to exit closes its sockets, and a peer still waiting would then
-    # report "Connection closed by peer" instead of its own timeout (torchrun stops the rest once one exits)
-    time.sleep(1.0)
+    # report "Connection closed by peer" instead of its own timeout (torchrun stops the rest once one exits).
+    # --monitored: rank 0 (raised at --pg-timeout) stays until the late rank has reached the barrier (at
+    # --pg-timeout + 2 s) and raised there too, and still exits first, so that the verdict names rank 0's error
+    time.sleep((3.5 if rank == 0 else 3.0) if args.monitored else 1.0)
     raise error  # the launcher then reads this rank's flight recorder and stack, and says its verdict
 dist.destroy_process_group()
