@@ -29,10 +29,13 @@ import linecache
 import os
 import pickle
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DUMP_REQUEST = "dump-collectives"  # a file in the run folder: its existence asks every live rank for its buffer
+# the same asked by a rank that failed in a collective: without the calls' frames (a millisecond, not the 1-5 s
+# of torch's symbolizer), the line a peer waits at comes from its stack, asked for at the same time
+PEER_REQUEST = "dump-collectives-for-a-peer"
 # the recorder's dtype names (c10's ScalarType) as torch spells them in Python
 DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool"}
@@ -209,7 +212,11 @@ def analyse(dumps, lab_file, alive=(), raised=None, stack_lines=None):
     for rank, found in calls.items():
         pending = [c for c in found if not c.completed]
         if rank in alive and pending:
-            report.waiting[rank] = _waited_on(pending, (stack_lines or {}).get(rank))
+            at = (stack_lines or {}).get(rank)
+            call = _waited_on(pending, at)
+            if call.line is None and at:  # recorded without frames (PEER_REQUEST): where its stack waits
+                call = replace(call, line=at[0], code=at[1])
+            report.waiting[rank] = call
         elif found and (raised or {}).get(rank) is not None and found[-1].line == raised[rank]:
             report.failed_in[rank] = found[-1]
     stuck = report.stuck

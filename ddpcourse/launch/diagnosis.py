@@ -165,7 +165,8 @@ def root_cause(events, world_size, exit_codes, display_file, last_lines=None, di
             rank = (died or silent)[0]
             code = codes.get(rank)
             op = (died_in or {}).get(rank)
-            how = describe_exit(code, in_script=op is None) if code is not None else "stopped without a Python exception"
+            how = ("stopped without a Python exception" if code is None else
+                   describe_exit(code, in_script=op is None))  # in a collective: said below, not a freed tensor
             others_finished = all(any(row["event"] == FINISHED for row in events.get(r, []))
                                   for r in range(world_size) if r != rank)
             lost = "." if others_finished else ": the other ranks lost their peer."

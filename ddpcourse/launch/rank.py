@@ -37,7 +37,7 @@ import time
 import traceback
 
 from ddpcourse.todos import todo_in_message
-from ddpcourse.launch.collectives import DUMP_REQUEST, dump_file
+from ddpcourse.launch.collectives import DUMP_REQUEST, PEER_REQUEST, dump_file
 from ddpcourse.launch.events import (ENDINGS, EXCEPTION, EXIT, FINISHED, INTERRUPTED, READY, STARTED, read_events,
                                      write_event)
 from ddpcourse.launch.processes import watch_parent
@@ -82,10 +82,12 @@ def _dump_collectives(run_dir, rank, lines=True, asked=False):
 
 class _DumpOnRequest:
     """A thread that writes the flight recorder when the launcher asks (DUMP_REQUEST appears in the run
-    folder); stopped before the interpreter exits, so nothing of it runs during finalization."""
+    folder: with the calls' frames) or a peer that failed does (PEER_REQUEST: without them); stopped before the
+    interpreter exits, so nothing of it runs during finalization."""
 
     def __init__(self, run_dir, rank):
         self.request, self.stop = os.path.join(run_dir, DUMP_REQUEST), threading.Event()
+        self.peer_request = os.path.join(run_dir, PEER_REQUEST)
         self.thread = threading.Thread(target=self._serve, args=(run_dir, rank), daemon=True,
                                        name="ddpcourse-collectives")
         self.thread.start()
@@ -95,13 +97,16 @@ class _DumpOnRequest:
             if os.path.exists(self.request):
                 _dump_collectives(run_dir, rank, asked=True)
                 return
+            if os.path.exists(self.peer_request):
+                _dump_collectives(run_dir, rank, lines=False, asked=True)
+                return
 
     def close(self):
         self.stop.set()
         self.thread.join(timeout=1.0)
 
 
-PEERS_WAIT_S = 10.0  # at most, for the peers' records: a first dump with frames takes 1-5 s on a loaded machine
+PEERS_WAIT_S = 10.0  # at most: a peer that raised too writes its record with frames, 1-5 s on a loaded machine
 
 
 def _alive(pid):
@@ -114,16 +119,17 @@ def _alive(pid):
 
 
 def _gather_peer_records(run_dir, rank):
-    """Ask every other rank for its flight recorder and its stack, and wait until each has written a record or
-    ended (at most PEERS_WAIT_S). Why: as soon as this rank exits, torchrun stops the others (SIGTERM), and a peer stopped while
-    it waits in a collective, or while it writes its own record, leaves the verdict nothing of its side (it was
-    seen: a 2-rank order mismatch named only one rank's call, now and then, on a loaded machine)."""
+    """Ask every other rank for its flight recorder (PEER_REQUEST: without frames) and its stack, and wait until
+    each has written a record or ended (at most PEERS_WAIT_S). Why: as soon as this rank exits, torchrun stops
+    the others (SIGTERM), and a peer stopped while it waits in a collective, or while it writes its own record,
+    leaves the verdict nothing of its side (seen: a 2-rank order mismatch named only one rank's call, now and
+    then, on a loaded machine)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     peers = [r for r in range(world) if r != rank]
     if not peers:
         return
-    request = os.path.join(run_dir, DUMP_REQUEST)
-    try:  # ours to remove afterwards only if we made it (the launcher's own request at a timeout stays)
+    request = os.path.join(run_dir, PEER_REQUEST)
+    try:  # ours to remove afterwards only if we made it (another failing rank may have made it first)
         os.close(os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
         made = True
     except FileExistsError:

@@ -69,7 +69,20 @@ def later(action):
 
 
 def dump_flight_recorder(rank):
+    """Write this rank's record once it is settled: its newest collective open, the ones before it completed,
+    and both unchanged for half a second. Why wait: the record counts a call completed a moment after it
+    returns, longer on a loaded machine, and a dump taken in between tells another story."""
     from torch._C._distributed_c10d import _dump_fr_trace
+    deadline, seen, since = time.monotonic() + args.pg_timeout - STUCK_AFTER_S - 0.5, None, time.monotonic()
+    while time.monotonic() < deadline:
+        record = pickle.loads(_dump_fr_trace(includeStackTraces=False))
+        newest = max((e["collective_seq_id"] for e in record["entries"]), default=0)
+        now = (newest, record["pg_status"].get("0", {}).get("last_completed_collective"))
+        if now != seen:
+            seen, since = now, time.monotonic()
+        elif now[1] == newest - 1 and time.monotonic() - since >= 0.5:
+            break
+        time.sleep(0.05)
     os.makedirs(args.dump_dir, exist_ok=True)
     data = _dump_fr_trace()
     with open(os.path.join(args.dump_dir, f"fr_rank_{rank}"), "wb") as file:
@@ -98,6 +111,15 @@ def outcome(call):
     except Exception as error:  # the notebook reads the type and the text
         return {"type": type(error).__name__, "text": str(error), "seconds": time.monotonic() - started}, error
     return {"type": None, "text": "", "seconds": time.monotonic() - started}, None
+
+
+def every_rank_caught_its_error(rank, world_size):
+    """Wait until every rank has caught its own error (at most the group's timeout again). The group is broken,
+    the store its ranks met through is not: a new client of it (MASTER_ADDR, MASTER_PORT) still works."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=args.pg_timeout))
+    store.set(f"demo08/caught/{rank}", "1")
+    store.wait([f"demo08/caught/{r}" for r in range(world_size)])
 
 
 def grads_like():
@@ -236,10 +258,14 @@ report(result=result, fr_buffer_size=os.environ.get("TORCH_FR_BUFFER_SIZE"))
 if args.debug_server:
     time.sleep(STUCK_AFTER_S + 4)  # let rank 0's thread fetch the pages before the servers go
 if error is not None:
-    # a moment before exiting: the first rank to exit closes its sockets, and a peer still waiting would then
-    # report "Connection closed by peer" instead of its own timeout (torchrun stops the rest once one exits).
+    # the first rank to exit closes its sockets, and a peer still waiting would then report "Connection closed by
+    # peer" instead of its own error (torchrun stops the rest once one exits): where every rank times out, wait
+    # until each has caught its own; elsewhere a moment.
     # --monitored: rank 0 (raised at --pg-timeout) stays until the late rank has reached the barrier (at
     # --pg-timeout + 2 s) and raised there too, and still exits first, so that the verdict names rank 0's error
-    time.sleep((3.5 if rank == 0 else 3.0) if args.monitored else 1.0)
+    if args.failure in ("extra", "order"):
+        every_rank_caught_its_error(rank, world_size)
+    else:
+        time.sleep((3.5 if rank == 0 else 3.0) if args.monitored else 1.0)
     raise error  # the launcher then reads this rank's flight recorder and stack, and says its verdict
 dist.destroy_process_group()
