@@ -103,6 +103,7 @@ def test_the_true_causes_are_what_the_as_given_trainers_do():
     crash = run(solution, nproc=3, args=["--trainer", "crash", "--as-given"], show="none", timeout=60)
     assert not crash.ok and "Parameters that got no gradient on rank" in crash.message
     assert TRUE_CAUSES["crash"]["parameter"] in crash.message
+    assert TRUE_CAUSES["crash"]["rank"] == "every" and "(ranks [1, 2] raised the same error)" in crash.message
 
     diverge = run(solution, nproc=3, args=["--trainer", "diverge", "--as-given"], show="none", timeout=60)
     assert diverge.ok  # silent: nothing raised

@@ -30,7 +30,7 @@ TRUE_CAUSES = {
 WHY = {  # what each field is found from, for the learner whose diagnosis misses it
     ("hang", "rank"): "the verdict's line under the error names the rank that waits in a collective of a group "
                       "the others never call; the first ranks to raise are only the first to time out (in the "
-                      "default group's PG_TIMEOUT; the log group has no timeout of its own)",
+                      "default group's PG_TIMEOUT; the log group, made without timeout=, has torch's 30 minutes)",
     ("hang", "collective"): "the op the flight recorder recorded for that rank (the verdict's 'failed in ...')",
     ("crash", "rank"): "DDP raises on every rank: each rank's forward leaves the same parameter out",
     ("crash", "parameter"): "the verdict's 'Parameters that got no gradient' (or DDP's own message under "

@@ -1,7 +1,8 @@
 """Which collective each rank was in when a run hung or crashed, from torch's flight recorder, and the cause.
 
 torch records every collective a process group launches in a ring buffer, its *flight recorder*: one per
-process, by default the newest 2000 entries of all its groups in torch 2.13, gloo's too
+process for CPU (gloo) collectives, by default the newest 2000 entries of all its groups in torch 2.13 (nccl's
+go to another recorder, of CUDA events, which ``_dump_fr_trace`` does not return)
 (``TORCH_FR_BUFFER_SIZE=0`` turns it off; a bare torchrun records the same, the launcher adds nothing to it).
 Each entry is structured: the group, the collective's number in that group (torch's count: the collectives
 of DDP and other libraries count too), the op, the sizes and dtypes of its tensors, and the Python frames

@@ -114,7 +114,7 @@ def outcome(call):
 
 
 def every_rank_caught_its_error(rank, world_size):
-    """Wait until every rank has caught its own error (at most the group's timeout again). The group is broken,
+    """Wait until every rank has caught its error (at most the group's timeout again). The group is broken,
     the store its ranks met through is not: a new client of it (MASTER_ADDR, MASTER_PORT) still works."""
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=args.pg_timeout))
@@ -258,11 +258,12 @@ report(result=result, fr_buffer_size=os.environ.get("TORCH_FR_BUFFER_SIZE"))
 if args.debug_server:
     time.sleep(STUCK_AFTER_S + 4)  # let rank 0's thread fetch the pages before the servers go
 if error is not None:
-    # the first rank to exit closes its sockets, and a peer still waiting would then report "Connection closed by
-    # peer" instead of its own error (torchrun stops the rest once one exits): where every rank times out, wait
-    # until each has caught its own; elsewhere a moment.
+    # torchrun stops the other ranks once one exits: where every rank raises after the timeout, wait until each
+    # has caught its error (its own timeout, or the closed connection a peer's timeout leaves: gloo closes a
+    # timed-out rank's connections) and reported it; elsewhere a moment.
     # --monitored: rank 0 (raised at --pg-timeout) stays until the late rank has reached the barrier (at
-    # --pg-timeout + 2 s) and raised there too, and still exits first, so that the verdict names rank 0's error
+    # --pg-timeout + 2 s), found rank 0's connections closed and raised, and still exits first, so that the
+    # verdict names rank 0's error
     if args.failure in ("extra", "order"):
         every_rank_caught_its_error(rank, world_size)
     else:
