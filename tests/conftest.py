@@ -6,6 +6,8 @@ from tests/recorded_runs/ (tests/recorded_runs.py says why and when a recording 
 launches them live and records them afresh. The suite runs its files in parallel with pytest-xdist
 (pyproject.toml).
 """
+import dataclasses
+
 import pytest
 
 from ddpcourse import checks
@@ -36,6 +38,31 @@ def recorded_check(request, monkeypatch):
         assert not replay.pending, "the check launched less often than recorded: record afresh"
         return result
     return judge
+
+
+@pytest.fixture
+def recorded_run(request):
+    """The launcher's run(path, nproc, args=..., **options) for a test that reads the RunResults itself: each
+    call replayed from this test's recording (the n-th call, its n-th), live and recorded with --record-runs."""
+    from ddpcourse.launch.launcher import run
+
+    calls = []
+
+    def launch(path, nproc, **options):
+        calls.append(path)
+        found = Recording(RECORDINGS / request.node.path.stem, f"{request.node.name}-{len(calls)}",
+                          path.read_text() + repr(options.get("args")), path.name, nproc)
+        if request.config.getoption("--record-runs"):
+            found.results.append(run(path, nproc=nproc, **options))
+            found.save()
+            return found.results[0]
+        results, problem = found.load()
+        if problem:
+            pytest.fail(problem, pytrace=False)
+        if results is None:  # recorded on another kind of machine: launch here
+            return run(path, nproc=nproc, **options)
+        return dataclasses.replace(results[0], file=str(path))
+    return launch
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 Why: every launch costs 3-4 s of interpreter start-up per rank, and the suite judges about 60 fixed launches
 (the wrong versions of tests/test_labNN.py, the solutions' world sizes no notebook checks, the notebooks'
-check cells). What they produce depends on the program's text and world size, the course code a launch runs
+check cells, lab 08's as-given trainers). What they produce depends on the program's text and world size, the course code a launch runs
 or is shaped by (the launcher, the checks' runs and settings, what a rank imports), and the machine (torch's
 build, Python, the system). The first two are hashed into a code key: when it differs, the recording is
 stale and its test fails, naming the command that records afresh, as ``make-labs --check`` fails when labs/
@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from ddpcourse import checks
+from ddpcourse.launch.collectives import CollectiveCall, HangReport
 from ddpcourse.launch.diagnosis import RankFailure
 from ddpcourse.launch.launcher import RunResult
 from ddpcourse.paths import COURSE_ROOT
@@ -66,10 +67,32 @@ def _to_json(result):
     return data
 
 
+def _calls(mapping):
+    """{rank: CollectiveCall} back from JSON (its keys strings, its tuples lists)."""
+    return {int(rank): CollectiveCall(**dict(call, sizes=tuple(tuple(size) for size in call["sizes"]),
+                                             dtypes=tuple(call["dtypes"]))) for rank, call in mapping.items()}
+
+
+def _hang_report(data):
+    """A HangReport back from JSON (RunResult.collectives, RunResult.silent_mismatch), or None."""
+    if data is None:
+        return None
+    before = data["lines_before"]
+    return HangReport(waiting=_calls(data["waiting"]), failed_in=_calls(data["failed_in"]), outside=data["outside"],
+                      outside_lines={int(r): tuple(where) for r, where in data["outside_lines"].items()},
+                      disagreement=data["disagreement"], calls_at=_calls(data["calls_at"]), mismatch=data["mismatch"],
+                      ended_after=_calls(data["ended_after"]),
+                      call_sites={int(r): {int(line): n for line, n in sites.items()}
+                                  for r, sites in data["call_sites"].items()},
+                      lines_before=(before[0], _calls(before[1]), before[2]) if before else None)
+
+
 def _from_json(data):
     int_keys = lambda mapping: {int(k): v for k, v in mapping.items()}
     data = dict(data, reports=int_keys(data["reports"]), output=int_keys(data["output"]),
-                stacks=int_keys(data["stacks"]), writes=int_keys(data["writes"]))
+                stacks=int_keys(data["stacks"]), writes=int_keys(data["writes"]),
+                collectives=_hang_report(data.get("collectives")),
+                silent_mismatch=_hang_report(data.get("silent_mismatch")))
     if data["failure"] is not None:
         data["failure"] = RankFailure(**data["failure"])
     return RunResult(**data)

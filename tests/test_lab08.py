@@ -86,11 +86,12 @@ def test_rank_0s_weights_broadcast_over_a_scheduler_stepped_on_rank_0_alone(repo
     assert not rates.passed and "rank 1's learning rate after step 2 is 0.05" in rates.detail
 
 
-def test_the_true_causes_are_what_the_as_given_trainers_do():
-    """One launch per as-given trainer on 3 ranks: the check's TRUE_CAUSES are read off these runs."""
+def test_the_true_causes_are_what_the_as_given_trainers_do(recorded_run):
+    """One launch per as-given trainer on 3 ranks: the check's TRUE_CAUSES are read off these runs (recorded)."""
     from ddpcourse.checks.lab08 import TRUE_CAUSES
-    from ddpcourse.launch.launcher import run
     from ddpcourse.paths import COURSE_ROOT
+
+    run = recorded_run
 
     solution = COURSE_ROOT / "solutions" / LAB
     hang = run(solution, nproc=3, args=["--trainer", "hang", "--as-given"], show="none", timeout=60)
