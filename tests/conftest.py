@@ -50,7 +50,7 @@ def recorded_run(request):
 
     def launch(path, nproc, **options):
         calls.append(path)
-        found = Recording(RECORDINGS / request.node.path.stem, f"{request.node.name}-{len(calls)}",
+        found = Recording(RECORDINGS / request.node.path.stem, f"{request.node.name}[{len(calls)}]",
                           path.read_text() + repr(options.get("args")), path.name, nproc)
         if request.config.getoption("--record-runs"):
             found.results.append(run(path, nproc=nproc, **options))

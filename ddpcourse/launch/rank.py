@@ -118,6 +118,15 @@ def _alive(pid):
         return False
 
 
+def _ask_for_stack(pid):
+    """faulthandler's dump of every thread into the rank's stacks file (registered on SIGUSR1, as at a timeout)."""
+    if hasattr(signal, "SIGUSR1"):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            pass
+
+
 def _gather_peer_records(run_dir, rank):
     """Ask every other rank for its flight recorder (PEER_REQUEST: without frames) and its stack, and wait until
     each has written a record or ended (at most PEERS_WAIT_S). Why: as soon as this rank exits, torchrun stops
@@ -134,25 +143,23 @@ def _gather_peer_records(run_dir, rank):
         made = True
     except FileExistsError:
         made = False
-    for peer in peers:  # and for its stack (faulthandler, as at a timeout): where a peer in no collective is
-        events = read_events(run_dir, peer)
-        started = [e for e in events if e.get("event") == STARTED]
-        if hasattr(signal, "SIGUSR1") and started and not any(e.get("event") in ENDINGS for e in events):
-            try:
-                os.kill(started[-1]["pid"], signal.SIGUSR1)
-            except OSError:
-                pass
     deadline = time.monotonic() + PEERS_WAIT_S
     waiting = set(peers)
     while waiting and time.monotonic() < deadline:
         for peer in sorted(waiting):
             events = read_events(run_dir, peer)
             started = [e for e in events if e.get("event") == STARTED]
-            ended = any(e.get("event") in ENDINGS for e in events)
-            gone = bool(started) and not _alive(started[-1]["pid"])
-            if dump_file(run_dir, peer).exists() or ended or gone:
+            if any(e.get("event") in ENDINGS for e in events) or (started and not _alive(started[-1]["pid"])):
+                waiting.discard(peer)  # it ended: its own record, if any, is written
+            elif started and dump_file(run_dir, peer).exists():
+                # its stack after its record: blocked in the call the record shows open, it is still there
+                _ask_for_stack(started[-1]["pid"])
                 waiting.discard(peer)
         time.sleep(0.05)
+    for peer in waiting:  # no record in time: its stack at least (faulthandler needs no help from Python)
+        started = [e for e in read_events(run_dir, peer) if e.get("event") == STARTED]
+        if started:
+            _ask_for_stack(started[-1]["pid"])
     if made:  # a restarted attempt (torchrun --max-restarts) must not find it and dump at once
         try:
             os.remove(request)
