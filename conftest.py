@@ -97,13 +97,15 @@ def pytest_unconfigure(config):
     shutil.rmtree(_IPYTHONDIR, ignore_errors=True)
 
 
-# The longest files first (seconds on 2 cores, 2026-11-27): pytest-xdist (--dist loadfile) deals whole files
-# out in this order, so the long ones start at once and the quick unit tests fill the gaps at the end.
-LONGEST_FIRST = ["test_start.py", "05_launching_and_scaling_out.ipynb", "07_sharded_data_parallel.ipynb",
-                 "test_launcher.py", "test_troubleshooting.py", "00_start_here.ipynb", "06_ddp_from_the_inside.ipynb",
-                 "04_sync_without_backward.ipynb", "test_learner_path.py", "01_dataparallel_vs_ddp.ipynb",
+# The longest files first (their seconds on 2 cores, measured 2026-11-27 with notebook 08): pytest-xdist
+# (--dist loadfile) deals whole files out in this order, so the long ones start at once and the quick unit
+# tests fill the gaps at the end (notebook 08 left out of it ran last, alone, for 100 s).
+LONGEST_FIRST = ["test_start.py", "08_debugging_distributed.ipynb", "05_launching_and_scaling_out.ipynb",
+                 "test_launcher.py", "07_sharded_data_parallel.ipynb", "test_learner_path.py",
+                 "test_troubleshooting.py", "00_start_here.ipynb", "06_ddp_from_the_inside.ipynb",
+                 "test_collectives.py", "04_sync_without_backward.ipynb", "01_dataparallel_vs_ddp.ipynb",
                  "02_initialization_and_broadcast.ipynb", "03_change_a_wrapped_model.ipynb", "test_progress.py",
-                 "test_replicas.py", "test_docs.py", "test_cheatsheet.py"]
+                 "test_lab08.py", "test_replicas.py", "test_docs.py", "test_cheatsheet.py"]
 
 
 def pytest_collection_modifyitems(items):
