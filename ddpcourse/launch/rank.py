@@ -70,14 +70,30 @@ def _dump_collectives(run_dir, rank, lines=True, asked=False):
         target = dump_file(run_dir, rank)
         partial = target.with_name(target.name + ".partial")
         if "torch.distributed" in sys.modules:
-            from torch._C._distributed_c10d import _dump_fr_trace
-
-            partial.write_bytes(_dump_fr_trace(includeStackTraces=lines))
+            partial.write_bytes(pickle.dumps(_flight_record(lines)))
         else:  # asked by the launcher: an empty record says so at once (it waits for every rank's answer)
             partial.write_bytes(pickle.dumps({"entries": []}))
         os.replace(partial, target)
     except Exception:  # noqa: BLE001 - evidence for the verdict, never a reason for the rank to fail
         pass
+
+
+def _flight_record(lines):
+    """torch's record of this process's collectives: gloo's (CPU) recorder, or nccl's when this process used
+    CUDA and nccl recorded calls: a recorder of its own (CUDA events), which ``_dump_fr_trace`` does not return
+    (seen on one H200, torch 2.11: an nccl all_reduce only in ``_dump_nccl_trace``; not run on several GPUs)."""
+    from torch._C import _distributed_c10d as c10d
+
+    cuda = sys.modules.get("torch.cuda")
+    if hasattr(c10d, "_dump_nccl_trace") and cuda is not None and cuda.is_initialized():
+        try:
+            nccl = pickle.loads(c10d._dump_nccl_trace(includeCollectives=True, includeStackTraces=lines,
+                                                      onlyActive=False))
+        except Exception:  # noqa: BLE001 - no nccl group in this process
+            nccl = {}
+        if nccl.get("entries"):
+            return nccl
+    return pickle.loads(c10d._dump_fr_trace(includeStackTraces=lines))
 
 
 class _DumpOnRequest:
