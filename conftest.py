@@ -6,9 +6,9 @@ their startup file (tests/kernel_startup.py), and the tests that resolve a lab n
 this pytest process does not. A learner's run uses labs/ (tests/test_learner_path.py).
 """
 import os
-import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -33,20 +33,12 @@ def pytest_addoption(parser):
                           "(tests/recorded_runs.py)")
 
 
-# Outputs no CPU decides (issue 31): the committed outputs were recorded with the machine's own ATen kernels and
-# the launcher's threads; each notebook of this run meets other settings, one of four, rotated at every commit
-# (the hash of HEAD), so that each notebook meets all four within four commits and every run holds all four.
-# OMP_WAIT_POLICY=PASSIVE: OpenMP threads sleep instead of spinning, so 4 threads per rank on 2 cores cost
-# scheduling only, not the digits.
-# ATEN_CPU_CAPABILITY=avx2 exists on x86 only (elsewhere torch warns into every rank's output): there the
-# kernel axis is plain kernels against the machine's own (unset).
-_SECOND_KERNELS = "avx2" if platform.machine().lower() in ("x86_64", "amd64") else None
-SETTINGS = [{"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
-            {"ATEN_CPU_CAPABILITY": _SECOND_KERNELS, "OMP_NUM_THREADS": "4"},
-            {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "4"},
-            {"ATEN_CPU_CAPABILITY": _SECOND_KERNELS, "OMP_NUM_THREADS": "1"}]
-for _setting in SETTINGS:
-    _setting["OMP_WAIT_POLICY"] = "PASSIVE"
+# Outputs no CPU decides (issue 31): each notebook's kernel and ranks run under one of four settings
+# (tests/kernel_settings.py), rotated at every commit (the hash of HEAD), so that each notebook meets all four
+# within four commits and every run holds all four.
+sys.path.insert(0, str(_TESTS))
+from kernel_settings import SETTINGS  # noqa: E402
+
 _ENV_BEFORE = {name: os.environ.get(name) for name in SETTINGS[0]}
 
 
@@ -73,7 +65,7 @@ def notebook_settings(notebook_name):
 
 def pytest_report_header(config):
     return (f"notebook kernels: rotation {ROTATION} (DDPCOURSE_TESTS_ROTATION to repeat it); notebook NN runs with "
-            f"settings (NN + {ROTATION}) mod 4 of conftest.SETTINGS")
+            f"settings (NN + {ROTATION}) mod 4 of tests/kernel_settings.py")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -81,6 +73,8 @@ def pytest_runtest_setup(item):
     """Before the first cell of a notebook starts its kernel (the kernel and its ranks inherit this
     environment): that notebook's settings; the user's own for every other test."""
     chosen = notebook_settings(item.path.name) if item.path.suffix == ".ipynb" else _ENV_BEFORE
+    # which notebook the kernel runs: its launches replay that notebook's recordings (tests/recorded_runs.py)
+    chosen = dict(chosen, DDPCOURSE_TESTS_NOTEBOOK=item.path.stem if item.path.suffix == ".ipynb" else None)
     for name, value in chosen.items():
         if value is None:
             os.environ.pop(name, None)

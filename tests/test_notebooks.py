@@ -372,3 +372,28 @@ def test_every_check_cell_judges_from_a_fresh_recording(monkeypatch):
         assert not problem, problem
         used.add(found.path)
     assert set(NOTEBOOK_CHECKS.glob("*.json.gz")) == used  # and none left over from a cell that is gone
+
+
+def test_every_notebook_launch_is_recorded_fresh_under_each_setting():
+    """The notebooks' own launches replay too (tests/recorded_runs.py): each recording's key, made again from the
+    call it stores, still matches (the program, its siblings and the course code are as recorded), and each
+    launch was recorded under all four settings of tests/kernel_settings.py, or some commit's rotation would fail."""
+    import gzip
+
+    from recorded_runs import NOTEBOOK_RUNS, RERECORD, environment_key, run_recording
+
+    folders = sorted(path for path in NOTEBOOK_RUNS.iterdir() if path.is_dir())
+    assert {folder.name for folder in folders} <= {notebook.stem for notebook in NOTEBOOKS}  # none of a gone one
+    assert len(folders) >= 6  # most notebooks launch a demo or a lab of their own
+    for folder in folders:
+        tags = collections.defaultdict(set)
+        for path in folder.glob("*.json.gz"):
+            stored = json.loads(gzip.decompress(path.read_bytes()))
+            number, tag = path.name.removesuffix(".json.gz").split("-", 1)
+            if stored["environment"] != environment_key():
+                continue  # recorded on another kind of machine: this one's kernels launch live
+            again = run_recording(folder.name, int(number), stored["call"], tag)
+            assert again.key == stored["key"], (f"{path.relative_to(COURSE_ROOT)} is stale: record afresh "
+                                                f"with `{RERECORD}`")
+            tags[int(number)].add(tag)
+        assert all(len(found) == 4 for found in tags.values()), (folder.name, dict(tags))
