@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-# The notebooks' check cells judge the solutions from recorded launches (tests/recorded_runs.py): an IPython
-# startup file, in an IPYTHONDIR of this test session's own, installs that in every kernel the suite starts.
+# The notebooks' check cells judge the solutions, and their other launches replay, from recorded launches
+# (tests/recorded_runs.py): an IPython startup file, in an IPYTHONDIR of this test session's own, installs
+# that in every kernel the suite starts.
 _TESTS = Path(__file__).parent / "tests"
 _IPYTHONDIR = Path(tempfile.mkdtemp(prefix="ddpcourse-tests-ipython-"))
 (_IPYTHONDIR / "profile_default" / "startup").mkdir(parents=True)
@@ -29,8 +30,8 @@ collect_ignore = ["clean"]
 
 def pytest_addoption(parser):
     parser.addoption("--record-runs", action="store_true",
-                     help="launch the recorded lab checks live and write tests/recorded_runs/ afresh "
-                          "(tests/recorded_runs.py)")
+                     help="launch live what the suite replays (the lab checks, the notebooks' launches) and write "
+                          "tests/recorded_runs/ afresh; tests/record_runs.py runs every part of it")
 
 
 # Outputs no CPU decides (issue 31): each notebook's kernel and ranks run under one of four settings
@@ -91,15 +92,15 @@ def pytest_unconfigure(config):
     shutil.rmtree(_IPYTHONDIR, ignore_errors=True)
 
 
-# The longest files first (their seconds on 2 cores, measured 2026-11-27 with notebook 08): pytest-xdist
-# (--dist loadfile) deals whole files out in this order, so the long ones start at once and the quick unit
-# tests fill the gaps at the end (notebook 08 left out of it ran last, alone, for 100 s).
-LONGEST_FIRST = ["test_start.py", "08_debugging_distributed.ipynb", "05_launching_and_scaling_out.ipynb",
-                 "test_launcher.py", "07_sharded_data_parallel.ipynb", "test_learner_path.py",
-                 "test_troubleshooting.py", "00_start_here.ipynb", "06_ddp_from_the_inside.ipynb",
-                 "test_collectives.py", "04_sync_without_backward.ipynb", "01_dataparallel_vs_ddp.ipynb",
-                 "02_initialization_and_broadcast.ipynb", "03_change_a_wrapped_model.ipynb", "test_progress.py",
-                 "test_lab08.py", "test_replicas.py", "test_docs.py", "test_cheatsheet.py"]
+# The longest files first (their seconds on 2 cores, measured 2026-11-27 with the notebooks' launches replayed):
+# pytest-xdist (--dist loadfile) deals whole files out in this order, so the long ones start at once and the
+# quick unit tests fill the gaps at the end.
+LONGEST_FIRST = ["test_launcher.py", "07_sharded_data_parallel.ipynb", "test_troubleshooting.py",
+                 "test_learner_path.py", "05_launching_and_scaling_out.ipynb", "test_collectives.py",
+                 "test_start.py", "08_debugging_distributed.ipynb", "03_change_a_wrapped_model.ipynb",
+                 "test_replicas.py", "test_progress.py", "01_dataparallel_vs_ddp.ipynb", "test_docs.py",
+                 "test_cheatsheet.py", "04_sync_without_backward.ipynb", "06_ddp_from_the_inside.ipynb",
+                 "02_initialization_and_broadcast.ipynb", "00_start_here.ipynb"]
 
 
 def pytest_collection_modifyitems(items):

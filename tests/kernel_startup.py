@@ -1,5 +1,6 @@
 """IPython startup file of the suite's notebook kernels (conftest.py copies it into the kernels' IPYTHONDIR):
-check cells judge the solutions from recorded launches (tests/recorded_runs.py). Test machinery only."""
+check cells judge the solutions, and the notebooks' other launches replay, from recorded launches
+(tests/recorded_runs.py). Test machinery only."""
 import os as _os
 import sys as _sys
 

@@ -2,23 +2,23 @@
 
 Why: every launch costs 3-4 s of interpreter start-up per rank, and the suite makes about 100 fixed launches
 (the wrong versions of tests/test_labNN.py, the solutions' world sizes no notebook checks, the notebooks'
-check cells and their other launches, lab 08's as-given trainers). What they produce depends on the
-program's text and world size, the course code a launch runs or is shaped by (the launcher, the checks' runs
-and settings, what a rank imports), and the machine (torch's build, Python, the system). The first two are
-hashed into a code key: when it differs, the recording is stale and its test fails, naming the command that
-records afresh, as ``make-labs --check`` fails when labs/ drift. The machine is hashed apart: on another
-kind of machine (a Mac, a CUDA build, another Python) the checks run live instead. A replay goes through the
-real check (its judge, its explanations: nothing of the check is recorded), or, for a notebook's own launch,
-the end of the launcher's run() (its view, each rank's lines, its verdict) and then the notebook's asserts:
+check cells and their other launches, lab 08's as-given trainers). What they produce depends on the program's
+text and world size, the course code a launch runs or is shaped by (the launcher, the checks' runs and
+settings, what a rank imports), and the machine (torch's build, Python, the system, its cores, the variables
+the ranks inherit). The first two are hashed into a code key: when it differs, the recording is stale and its
+test fails, naming the command that records afresh, as ``make-labs --check`` fails when labs/ drift. The
+machine is hashed apart: on another kind of machine (a Mac, a CUDA build, another Python) the checks run live
+instead. A replay goes through the real check (its judge, its explanations: nothing of the check is recorded),
+or, for a notebook's own launch, the end of the launcher's run() (its view, each rank's lines, its verdict)
+and then the notebook's asserts.
+A notebook's launch is recorded under each of the four settings of tests/kernel_settings.py, since its
+kernel meets another one at every commit. Record everything afresh with
 
-    python3 start.py test tests/test_lab0*.py tests/test_checks.py notebooks --record-runs
-
-A notebook's launch is recorded under each of the four settings of tests/kernel_settings.py (three extra
-launches each while recording), since its kernel meets another one at every commit.
+    python3 tests/record_runs.py
 
 Test machinery: it lives here, never in ddpcourse/.
 """
-import contextlib
+import collections
 import dataclasses
 import gzip
 import hashlib
@@ -34,15 +34,16 @@ from ddpcourse.launch.collectives import CollectiveCall, HangReport
 from ddpcourse.launch.diagnosis import RankFailure
 from ddpcourse.launch.launcher import RunResult
 from ddpcourse.paths import COURSE_ROOT
-from kernel_settings import SETTINGS
 
 RECORDINGS = Path(__file__).parent / "recorded_runs"
 NOTEBOOK_CHECKS = RECORDINGS / "notebooks"  # the notebooks' check cells: <lab file stem>-nproc<N or all>
-RERECORD = "python3 start.py test tests/test_lab0*.py tests/test_checks.py notebooks --record-runs"
+RERECORD = "python3 tests/record_runs.py"  # the lab tests' and the notebooks' launches, about 25 min
+COURSE_ROOT_MARK = "<COURSE_ROOT>"
 RECORD_ENV = "DDPCOURSE_TESTS_RECORD_RUNS"  # --record-runs, passed on to the notebooks' kernels
-# The course code a launch runs or is shaped by: the whole package but the learner tools and the authoring
-# scripts (the agent, each rank, what a lab imports, the TODO format, the checks with their runs() and
-# settings, the observer). Any edit there can change what a rank reports, so it is part of every code key.
+# The course code a launch runs or is shaped by: the whole package but the learner tools (the notebook side:
+# a rank imports ddpcourse/learner/api.py with ddpcourse but calls none of it) and the authoring scripts (the
+# agent, each rank, what a lab imports, the TODO format, the checks with their runs() and settings, the
+# observer). Any edit there can change what a rank reports, so it is part of every code key.
 RANK_SIDE = sorted(path for path in (COURSE_ROOT / "ddpcourse").rglob("*.py")
                    if "learner" not in path.parts and (path.parent.name != "authoring" or path.name == "__init__.py"))
 
@@ -58,12 +59,26 @@ def code_key(program_text, file_name, nproc):
     return digest.hexdigest()
 
 
+# Variables the ranks inherit that change what they do (threads, kernels, the recorder, the backends); those the
+# suite itself sets per notebook kernel are the settings tag's (RUN_SETTINGS) or the launcher's own.
+INHERITED = ("TORCH_", "PYTORCH_", "GLOO_", "NCCL_", "CUDA_", "MKL_", "KMP_", "OMP_", "PYTHONHASHSEED")
+SUITE_SETS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+
+
 def environment_key():
     """The machine's side: torch's build (its version carries +cpu, +cu128), Python, the system and the
-    processor, and the settings that choose a backend. A recording made elsewhere is not stale: on another
-    machine the checks run live (slower, and true there)."""
+    processor, its cores (notebooks 01 and 06 report them), the settings that choose a backend and what the
+    ranks inherit (INHERITED). A recording made elsewhere is not stale: on another machine the checks and the
+    notebooks' launches run live (slower, and true there)."""
+    import psutil
+
+    from ddpcourse.launch.cores import usable_cores
+
+    inherited = sorted(f"{name}={value}" for name, value in os.environ.items()
+                       if name.startswith(INHERITED) and name not in SUITE_SETS)
     parts = (importlib.metadata.version("torch"), ".".join(platform.python_version_tuple()[:2]), sys.platform,
-             platform.machine(), os.environ.get("DDPCOURSE_BACKEND", ""))
+             platform.machine(), os.environ.get("DDPCOURSE_BACKEND", ""),
+             f"cores {os.cpu_count()} {usable_cores()} {psutil.cpu_count(logical=False)}", *inherited)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
@@ -121,7 +136,7 @@ class Recording:
         shown = self.path.relative_to(RECORDINGS.parent.parent)  # this checkout's (a copy's kernel may read it)
         if not self.path.exists():
             return None, f"no recording {shown}: record it with `{RERECORD}`"
-        stored = json.loads(gzip.decompress(self.path.read_bytes()))
+        stored = read_recording(self.path)
         if stored["key"] != self.key:
             return None, (f"{shown} is stale: the program or the course code a launch runs changed since it was "
                           f"recorded. Record afresh with `{RERECORD}`")
@@ -135,9 +150,18 @@ class Recording:
         stored = {"key": self.key, "environment": self.environment, "launches": [_to_json(r) for r in self.results]}
         if self.call is not None:
             stored["call"] = self.call
-        text = json.dumps(stored, separators=(",", ":"))
-        # mtime=0: the same recording gives the same bytes, so git sees no change where nothing changed
-        self.path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        # this checkout's folder (in tracebacks, stacks) as a placeholder: a clone elsewhere reads its own back
+        text = json.dumps(stored, separators=(",", ":")).replace(str(COURSE_ROOT), COURSE_ROOT_MARK)
+        # mtime=0: the same recording gives the same bytes, so git sees no change where nothing changed; written
+        # whole, then renamed: a reader never meets half a file
+        partial = self.path.with_suffix(".partial")
+        partial.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
+        os.replace(partial, self.path)
+
+
+def read_recording(path):
+    """A recording's stored JSON, with this checkout's folder where the recording's was."""
+    return json.loads(gzip.decompress(path.read_bytes()).decode().replace(COURSE_ROOT_MARK, str(COURSE_ROOT)))
 
 
 def replaying(results):
@@ -168,11 +192,20 @@ def notebook_recording(path, nproc):
                      Path(path).name, nproc)
 
 
-NOTEBOOK_RUNS = NOTEBOOK_CHECKS  # the notebooks' other launches: <notebook stem>/<n>-<settings>.json.gz
+NOTEBOOK_RUNS = NOTEBOOK_CHECKS  # the notebooks' other launches: <notebook stem>/<call>_<k>_<settings>.json.gz
 NOTEBOOK_ENV = "DDPCOURSE_TESTS_NOTEBOOK"  # conftest.py tells each notebook's kernel which notebook it runs
 # The kernels' settings that reach the ranks and can change what they compute (tests/kernel_settings.py): a
-# launch is recorded under each of the four, so that its replay still meets every setting within four commits.
+# launch is recorded under each of the four, each judged by its notebook's asserts and nbval as it is recorded.
 RUN_SETTINGS = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS")
+# Course programs: a demo may load a solution (06_inside_ddp.py loads lab 06's), a solution its siblings.
+PROGRAMS = ("notebooks/demos/*.py", "solutions/*.py")
+# Launches the suite runs live, whatever their recording, and why.
+STAY_LIVE = {
+    "notebook 00's hang: its cell asserts that no process of the run is left, which only a live run can show":
+        lambda call: call["file"].endswith("/00_mismatched.py") and "--dtypes" not in call["args"],
+    "notebook 08's torch.distributed.debug server: it runs only where optional packages are installed":
+        lambda call: "--debug-server" in call["args"],
+}
 
 
 def settings_tag(environ=os.environ):
@@ -180,68 +213,65 @@ def settings_tag(environ=os.environ):
     return "-".join(environ.get(name) or "native" for name in RUN_SETTINGS)
 
 
+def _names_a_path(value):
+    return isinstance(value, os.PathLike) or "/" in str(value) or os.sep in str(value)
+
+
 def run_call(file, nproc, args, timeout, env, torchrun_args, nnodes):
-    """What a notebook's launch is, as JSON; None when it must run live: an argument that names a file or a
-    folder (a later cell reads what the run wrote there, or the run reads what an earlier cell wrote)."""
+    """What a notebook's launch is, as JSON; None when it runs live: a program outside the course, a launch in
+    STAY_LIVE, or one given a path (a Path, or text with a slash) in its arguments, torchrun's or its
+    environment, since a later cell may read what the run wrote there, or the run what an earlier cell wrote."""
     file = Path(file).resolve()
     if COURSE_ROOT not in file.parents:
         return None
-    for arg in args:
-        if isinstance(arg, os.PathLike) or os.sep in str(arg) or Path(str(arg)).exists():
-            return None
-    return {"file": file.relative_to(COURSE_ROOT).as_posix(), "nproc": nproc, "args": [str(a) for a in args],
+    if any(map(_names_a_path, [*args, *torchrun_args, *(env or {}).values()])):
+        return None
+    call = {"file": file.relative_to(COURSE_ROOT).as_posix(), "nproc": nproc, "args": [str(a) for a in args],
             "timeout": timeout, "env": env or {}, "torchrun_args": [str(a) for a in torchrun_args], "nnodes": nnodes}
+    return None if any(rule(call) for rule in STAY_LIVE.values()) else call
 
 
-def run_recording(notebook, number, call, tag=None):
-    """The recording of the ``number``-th launch of ``notebook``'s kernel under settings ``tag`` (this kernel's
-    by default). Its key holds the call, the program and every program beside it (02_all_demos.py runs its
-    siblings)."""
-    program = COURSE_ROOT / call["file"]
-    text = "".join(path.read_text() for path in sorted(program.parent.glob("*.py")))
-    found = Recording(NOTEBOOK_RUNS / notebook, f"{number}-{tag or settings_tag()}",
-                      text + json.dumps(call, sort_keys=True), program.name, call["nproc"] * call["nnodes"])
+def call_name(call):
+    """A launch's part of its recordings' names: the hash of the call (the same call twice: _1, _2)."""
+    return hashlib.sha256(json.dumps(call, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_recording(notebook, call, occurrence, tag=None):
+    """The recording of ``call``'s ``occurrence``-th launch (1, 2, ...) in ``notebook``'s kernel under settings
+    ``tag`` (this kernel's by default). Its key holds the call and every course program (PROGRAMS)."""
+    text = "".join(path.read_text() for pattern in PROGRAMS for path in sorted(COURSE_ROOT.glob(pattern)))
+    found = Recording(NOTEBOOK_RUNS / notebook, f"{call_name(call)}_{occurrence}_{tag or settings_tag()}",
+                      text + json.dumps(call, sort_keys=True), Path(call["file"]).name,
+                      call["nproc"] * call["nnodes"])
     found.call = call
     return found
 
 
 def _replayed_run(result, file, nproc, timeout, show, nnodes, live_view):
     """What the launcher's run() shows and returns at the end of a launch, from a recorded RunResult: its live
-    view (in Jupyter: a widget whose text is one line), each rank's lines, the verdict."""
+    view (in Jupyter: a widget whose text is one line), each rank's lines (live: as they came), the verdict."""
     from ddpcourse.launch.launcher import _say_verdict
     from ddpcourse.launch.printing import RunPrinter
     from ddpcourse.paths import display_path
 
     lab_file = Path(file).resolve()
     result = dataclasses.replace(result, file=str(lab_file))
-    printer = RunPrinter(show, nproc * nnodes, display_path(lab_file), timeout, live_view=live_view)
-    printer.finish(result.output)
+    if result.launched:  # a launch that never started (a syntax error) shows no view
+        printer = RunPrinter(show, nproc * nnodes, display_path(lab_file), timeout, live_view=live_view)
+        if printer.view is None:  # a terminal: each rank's tagged lines, as run() prints them when they come
+            for rank in sorted(result.output):
+                for text in result.output[rank]:
+                    printer.line(rank, text)
+        printer.finish(result.output)
     return _say_verdict(result, display_path(lab_file), show)
 
 
-def _set_environment(values):
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _environment(setting):
-    """os.environ with ``setting`` (None: unset) while a launch starts its ranks, which inherit it."""
-    before = {name: os.environ.get(name) for name in setting}
-    _set_environment(setting)
-    try:
-        yield
-    finally:
-        _set_environment(before)
-
-
 def _install_run_replay():
-    """The notebooks' own launches (run_lab's demos, a solution's run) replayed from their recordings: the
-    n-th launch of a notebook's kernel, under the kernel's settings. One that must run live (run_call) runs
-    live; one without a fresh recording fails its cell, naming the command that records afresh."""
+    """The notebooks' own launches (run_lab's demos, a solution's run) replayed from their recordings, under the
+    kernel's settings. One that runs live (run_call) runs live, as does every launch on another kind of
+    machine; one without a fresh recording fails its cell, naming the command that records afresh. With
+    --record-runs: live, and recorded under this kernel's settings (tests/record_runs.py runs the notebooks
+    under each of the four)."""
     from ddpcourse.launch import launcher
 
     live = launcher.run
@@ -250,28 +280,22 @@ def _install_run_replay():
     if not notebook:
         return
     if recording_runs:  # afresh: no recording survives of a launch the notebook no longer makes
-        for stale in (NOTEBOOK_RUNS / notebook).glob("*.json.gz"):
+        for stale in (NOTEBOOK_RUNS / notebook).glob(f"*_{settings_tag()}.json.gz"):
             stale.unlink()
-    launches = []
+    made = collections.Counter()  # call name -> launches of it so far
 
     def run(file, nproc=2, args=(), timeout=launcher.DEFAULT_TIMEOUT, show="all", env=None, torchrun_args=(),
             nnodes=1, observer="", observer_options=None, live_view=None):
-        launches.append(file)
-        call = None if observer else run_call(file, nproc, args, timeout, env, torchrun_args, nnodes)
         options = dict(nproc=nproc, args=args, timeout=timeout, show=show, env=env, torchrun_args=torchrun_args,
                        nnodes=nnodes, observer=observer, observer_options=observer_options, live_view=live_view)
+        call = None if observer else run_call(file, nproc, args, timeout, env, torchrun_args, nnodes)
         if call is None:
             return live(file, **options)
-        found = run_recording(notebook, len(launches), call)
-        if recording_runs:  # live, under the kernel's setting (what the cell shows), then under the three others
+        made[call_name(call)] += 1
+        found = run_recording(notebook, call, made[call_name(call)])
+        if recording_runs:
             found.results.append(live(file, **options))
             found.save()
-            for setting in SETTINGS:
-                if settings_tag(setting) != settings_tag():
-                    with _environment(setting):
-                        other = run_recording(notebook, len(launches), call)
-                        other.results.append(live(file, **dict(options, show="none", live_view=False)))
-                    other.save()
             return found.results[0]
         results, problem = found.load()
         if problem:

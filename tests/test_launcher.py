@@ -4,6 +4,7 @@ and leave no process behind. Launches are the cost here: every run, one rank too
 not need torch avoid it, tests that can share a launch share it (a module fixture, or two runs at once), and
 the pure logic (commands, root causes, event files, threads, cleanup) is tested without any launch."""
 import builtins
+import dataclasses
 import json
 import os
 import signal
@@ -641,6 +642,9 @@ def test_a_start_up_timeout_says_the_ranks_did_not_start(tmp_path, monkeypatch):
     text = verdict(hang, "x.py")
     assert text.startswith("TIMEOUT: x.py did not finish within 10 s of every rank being ready (stopped after 10.4 s, "
                            "start-up included); ") and "matching call" in text
+    # one rank has no peer to wait for (seen on one GPU: a rank stuck in its own code after nccl all_reduces)
+    alone = dataclasses.replace(hang, nproc=1)
+    assert "matching call" not in verdict(alone, "x.py")
 
 
 def test_a_rank_still_starting_is_one_line_not_its_import_stack(tmp_path):

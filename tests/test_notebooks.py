@@ -375,25 +375,28 @@ def test_every_check_cell_judges_from_a_fresh_recording(monkeypatch):
 
 
 def test_every_notebook_launch_is_recorded_fresh_under_each_setting():
-    """The notebooks' own launches replay too (tests/recorded_runs.py): each recording's key, made again from the
-    call it stores, still matches (the program, its siblings and the course code are as recorded), and each
-    launch was recorded under all four settings of tests/kernel_settings.py, or some commit's rotation would fail."""
-    import gzip
+    """The notebooks' own launches replay too (tests/recorded_runs.py). Each recording's key, made again from the
+    call it stores, still matches (the programs and the course code are as recorded); each launch was recorded
+    under exactly the four settings of tests/kernel_settings.py, or some commit's rotation would fail; and
+    every recording of the suite was made on one kind of machine (one recorded elsewhere would make this one
+    run everything live, unnoticed)."""
+    from kernel_settings import SETTINGS
+    from recorded_runs import NOTEBOOK_RUNS, RECORDINGS, RERECORD, read_recording, run_recording, settings_tag
 
-    from recorded_runs import NOTEBOOK_RUNS, RERECORD, environment_key, run_recording
-
+    machines = {read_recording(path)["environment"] for path in RECORDINGS.rglob("*.json.gz")}
+    assert len(machines) == 1, f"recordings of {len(machines)} kinds of machine: record all afresh with `{RERECORD}`"
     folders = sorted(path for path in NOTEBOOK_RUNS.iterdir() if path.is_dir())
     assert {folder.name for folder in folders} <= {notebook.stem for notebook in NOTEBOOKS}  # none of a gone one
     assert len(folders) >= 6  # most notebooks launch a demo or a lab of their own
+    every_setting = {settings_tag(setting) for setting in SETTINGS}
     for folder in folders:
         tags = collections.defaultdict(set)
         for path in folder.glob("*.json.gz"):
-            stored = json.loads(gzip.decompress(path.read_bytes()))
-            number, tag = path.name.removesuffix(".json.gz").split("-", 1)
-            if stored["environment"] != environment_key():
-                continue  # recorded on another kind of machine: this one's kernels launch live
-            again = run_recording(folder.name, int(number), stored["call"], tag)
-            assert again.key == stored["key"], (f"{path.relative_to(COURSE_ROOT)} is stale: record afresh "
-                                                f"with `{RERECORD}`")
-            tags[int(number)].add(tag)
-        assert all(len(found) == 4 for found in tags.values()), (folder.name, dict(tags))
+            stored = read_recording(path)
+            name, occurrence, tag = path.name.removesuffix(".json.gz").split("_")
+            again = run_recording(folder.name, stored["call"], int(occurrence), tag)
+            assert again.path == path and again.key == stored["key"], (
+                f"{path.relative_to(COURSE_ROOT)} is stale: record afresh with `{RERECORD}`")
+            tags[name, int(occurrence)].add(tag)
+        missing = {launch: every_setting - found for launch, found in tags.items() if found != every_setting}
+        assert not missing, f"{folder.name}: launches not recorded under every setting: {missing}; `{RERECORD}`"

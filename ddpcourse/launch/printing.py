@@ -60,7 +60,7 @@ def verdict(result, shown):
         nodes = f" ({result.nnodes} nodes of {result.nproc})" if result.nnodes > 1 else ""
         text = f"OK: {shown} finished on {result.world_size} rank{'s' if result.world_size > 1 else ''}{nodes}{took}."
         if result.silent_mismatch:  # finished, and wrong: gloo moved the bytes it was given
-            text += "\nBut t" + _mismatch_line(result.silent_mismatch, shown)[1:]
+            text += "\n" + _mismatch_line(result.silent_mismatch, shown, lead="But the")
         if result.aborted_at_exit:
             text += (f"\n(after the script ended, torch aborted rank(s) {result.aborted_at_exit} while exiting: its "
                      "exit race, docs/troubleshooting.md; the run's results are complete)")
@@ -79,9 +79,8 @@ def verdict(result, shown):
                           *_collectives_lines(result, shown),
                           "Where each rank was (most recent call first):",
                           stacks_text(result.stacks, result.world_size),
-                          *([] if result.failure and result.failure.group_never_formed else
-                            ["A rank waiting in a collective usually means another rank never made the matching "
-                             "call."])])
+                          *(["A rank waiting in a collective usually means another rank never made the matching "
+                             "call."] if _may_wait_for_a_peer(result) else [])])
     failure = result.failure
     if failure is None:
         tail = "\n".join(result.agent_output.strip().splitlines()[-15:])
@@ -94,17 +93,26 @@ def verdict(result, shown):
     return text
 
 
+def _may_wait_for_a_peer(result):
+    """Whether a timeout can be a rank waiting in a collective for a peer: not with one rank (seen on one GPU:
+    a rank stuck in its own code), nor a group that never formed, nor when the flight recorders show that no
+    rank waited in one."""
+    if result.world_size == 1 or (result.failure and result.failure.group_never_formed):
+        return False
+    return result.collectives is None or bool(result.collectives.waiting)
+
+
 def _collectives_lines(result, shown):
     """What the ranks' flight recorders say (ddpcourse.launch.collectives), ahead of the stacks or traceback."""
     return result.collectives.lines(shown) if result.collectives else []
 
 
-def _mismatch_line(found, shown):
+def _mismatch_line(found, shown, lead="The"):
     """A call of the same op whose sizes or dtypes differed across ranks, in a run no collective stopped
-    (ddpcourse.launch.collectives.silent_mismatch)."""
+    (ddpcourse.launch.collectives.silent_mismatch); ``lead`` opens the sentence ("But the" after an OK)."""
     calls = "; ".join(f"rank {r}: {c.describe(shown)}" for r, c in sorted(found.calls_at.items()))
     group = group_name(next(iter(found.calls_at.values())).group)
-    return (f"The ranks' calls differ at collective #{found.disagreement} of {group} (different {found.mismatch}: "
+    return (f"{lead} ranks' calls differ at collective #{found.disagreement} of {group} (different {found.mismatch}: "
             f"{calls}): gloo moved the bytes without an error, and that call's result is garbage.")
 
 

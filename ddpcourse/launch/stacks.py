@@ -27,7 +27,7 @@ def dump_stacks(run_dir, pids, wait=2.0):
             os.kill(pid, signal.SIGUSR1)
         except OSError:
             pass
-    files = {rank: Path(run_dir) / f"rank{rank}.stacks" for rank in pids}
+    files = {rank: stacks_file(run_dir, rank) for rank in pids}
     deadline = time.monotonic() + wait
 
     def written(path):
@@ -130,13 +130,23 @@ def where_stopped_ranks_were(run_dir, events, lab_file):
     for rank in events.ranks():
         if any(e["event"] in ENDINGS for e in events.events(rank)):
             continue
-        try:
-            raw = (Path(run_dir) / f"rank{rank}.stacks").read_text(errors="replace")
-        except OSError:
-            continue
+        raw = last_stack(run_dir, rank)
         if raw.strip():
             found[rank] = lab_line(raw, lab_file)
     return found
+
+
+def stacks_file(run_dir, rank):
+    """Where rank ``rank``'s faulthandler writes its stacks (ddpcourse.launch.rank opens it)."""
+    return Path(run_dir) / f"rank{rank}.stacks"
+
+
+def last_stack(run_dir, rank):
+    """The faulthandler text rank ``rank`` last wrote to its stacks file, "" when it wrote none."""
+    try:
+        return stacks_file(run_dir, rank).read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def collective_in(raw):
@@ -156,11 +166,7 @@ def ranks_in(run_dir, ranks, function):
     marker = os.path.join("torch", "distributed") + os.sep
     found = []
     for rank in ranks:
-        try:
-            raw = (Path(run_dir) / f"rank{rank}.stacks").read_text(errors="replace")
-        except OSError:
-            continue
-        frames = [m for m in map(_FRAME.match, raw.splitlines()) if m]
+        frames = [m for m in map(_FRAME.match, last_stack(run_dir, rank).splitlines()) if m]
         if any(marker in m.group(1) and m.group(3) == function for m in frames):
             found.append(rank)
     return found
