@@ -65,8 +65,10 @@ def notebook_settings(notebook_name):
 
 
 def pytest_report_header(config):
-    return (f"notebook kernels: rotation {ROTATION} (DDPCOURSE_TESTS_ROTATION to repeat it); notebook NN runs with "
-            f"settings (NN + {ROTATION}) mod 4 of tests/kernel_settings.py")
+    from recorded_runs import replay_line
+
+    return [f"notebook kernels: rotation {ROTATION} (DDPCOURSE_TESTS_ROTATION to repeat it); notebook NN runs with "
+            f"settings (NN + {ROTATION}) mod 4 of tests/kernel_settings.py", replay_line()]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -11,8 +11,9 @@ machine is hashed apart: on another kind of machine (a Mac, a CUDA build, anothe
 instead. A replay goes through the real check (its judge, its explanations: nothing of the check is recorded),
 or, for a notebook's own launch, the end of the launcher's run() (its view, each rank's lines, its verdict)
 and then the notebook's asserts.
-A notebook's launch is recorded under each of the four settings of tests/kernel_settings.py, since its
-kernel meets another one at every commit. Record everything afresh with
+
+A notebook's launch (and its check cell's) is recorded under each of the four settings of
+tests/kernel_settings.py, since its kernel meets another one at every commit. Record everything afresh with
 
     python3 tests/record_runs.py
 
@@ -26,6 +27,7 @@ import json
 import importlib.metadata
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -40,12 +42,12 @@ NOTEBOOK_CHECKS = RECORDINGS / "notebooks"  # the notebooks' check cells: <lab f
 RERECORD = "python3 tests/record_runs.py"  # the lab tests' and the notebooks' launches, about 25 min
 COURSE_ROOT_MARK = "<COURSE_ROOT>"
 RECORD_ENV = "DDPCOURSE_TESTS_RECORD_RUNS"  # --record-runs, passed on to the notebooks' kernels
-# The course code a launch runs or is shaped by: the whole package but the learner tools (the notebook side:
-# a rank imports ddpcourse/learner/api.py with ddpcourse but calls none of it) and the authoring scripts (the
+# The course code a launch runs or is shaped by: the whole package but the learner tools (the notebook side;
+# a rank imports only the folder's __init__.py and api.py, with ddpcourse) and the authoring scripts (the
 # agent, each rank, what a lab imports, the TODO format, the checks with their runs() and settings, the
 # observer). Any edit there can change what a rank reports, so it is part of every code key.
 RANK_SIDE = sorted(path for path in (COURSE_ROOT / "ddpcourse").rglob("*.py")
-                   if "learner" not in path.parts and (path.parent.name != "authoring" or path.name == "__init__.py"))
+                   if path.parent.name not in ("learner", "authoring") or path.name in ("__init__.py", "api.py"))
 
 
 def code_key(program_text, file_name, nproc):
@@ -59,23 +61,27 @@ def code_key(program_text, file_name, nproc):
     return digest.hexdigest()
 
 
-# Variables the ranks inherit that change what they do (threads, kernels, the recorder, the backends); those the
-# suite itself sets per notebook kernel are the settings tag's (RUN_SETTINGS) or the launcher's own.
-INHERITED = ("TORCH_", "PYTORCH_", "GLOO_", "NCCL_", "CUDA_", "MKL_", "KMP_", "OMP_", "PYTHONHASHSEED")
-SUITE_SETS = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+# Variables the ranks inherit that change what they do (threads, kernels, the recorder, the backends, torchrun,
+# Python's asserts and warnings).
+INHERITED = ("TORCH_", "PYTORCH_", "GLOO_", "NCCL_", "CUDA_", "MKL_", "KMP_", "OMP_", "ATEN_", "DNNL_", "ONEDNN_",
+             "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONWARNINGS", "PYTHONDEVMODE", "LOGLEVEL", "USE_LIBUV")
+# What a suite's notebook kernel sets (tests/kernel_settings.py): a notebook kernel's recording names them in
+# its settings tag instead.
+KERNEL_SETS = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
 
 
-def environment_key():
+def environment_key(tagged=False):
     """The machine's side: torch's build (its version carries +cpu, +cu128), Python, the system and the
     processor, its cores (notebooks 01 and 06 report them), the settings that choose a backend and what the
-    ranks inherit (INHERITED). A recording made elsewhere is not stale: on another machine the checks and the
-    notebooks' launches run live (slower, and true there)."""
+    ranks inherit (INHERITED; less KERNEL_SETS for a ``tagged`` recording, whose name holds them). A recording
+    made elsewhere is not stale: on another machine the checks and the notebooks' launches run live (slower,
+    and true there)."""
     import psutil
 
     from ddpcourse.launch.cores import usable_cores
 
     inherited = sorted(f"{name}={value}" for name, value in os.environ.items()
-                       if name.startswith(INHERITED) and name not in SUITE_SETS)
+                       if name.startswith(INHERITED) and not (tagged and name in KERNEL_SETS))
     parts = (importlib.metadata.version("torch"), ".".join(platform.python_version_tuple()[:2]), sys.platform,
              platform.machine(), os.environ.get("DDPCOURSE_BACKEND", ""),
              f"cores {os.cpu_count()} {usable_cores()} {psutil.cpu_count(logical=False)}", *inherited)
@@ -119,14 +125,27 @@ def _from_json(data):
     return RunResult(**data)
 
 
+def replay_line():
+    """The suite's header line: whether this machine replays the recordings, or launches live (slower)."""
+    def mine(pattern, tagged):
+        found = min(RECORDINGS.glob(pattern), key=lambda path: path.stat().st_size, default=None)
+        return found is not None and read_recording(found)["environment"] == environment_key(tagged)
+    labs, kernels = mine("test_*/*.json.gz", False), mine("notebooks/*/*.json.gz", True)
+    if labs and kernels:
+        return "recorded launches: replayed (tests/recorded_runs.py)"
+    how = {True: "replayed", False: "LIVE"}
+    return (f"recorded launches: lab checks {how[labs]}, notebooks {how[kernels]} (recorded on another kind of "
+            "machine, or with other TORCH_/OMP_/... variables: slower)")
+
+
 class Recording:
     """The launches one test's check made, stored as tests/recorded_runs/<test file>/<test name>.json.gz
     (compressed: lab 06 reports every weight of several scenarios, 1.5 MB of JSON a launch)."""
 
-    def __init__(self, folder, name, program_text, file_name, nproc):
+    def __init__(self, folder, name, program_text, file_name, nproc, tagged=False):
         self.path = folder / f"{name}.json.gz"
         self.key = code_key(program_text, file_name, nproc)
-        self.environment = environment_key()
+        self.environment = environment_key(tagged)
         self.results = []
         self.call = None  # a notebook's launch (run_call): kept in the file, for tests/test_notebooks.py
 
@@ -135,6 +154,9 @@ class Recording:
         or it is stale; (None, "") when it was recorded on another kind of machine (then: run live)."""
         shown = self.path.relative_to(RECORDINGS.parent.parent)  # this checkout's (a copy's kernel may read it)
         if not self.path.exists():
+            beside = next(self.path.parent.glob("*.json.gz"), None)
+            if beside is not None and read_recording(beside)["environment"] != self.environment:
+                return None, ""  # the recordings are another machine's (whose settings tags may differ)
             return None, f"no recording {shown}: record it with `{RERECORD}`"
         stored = read_recording(self.path)
         if stored["key"] != self.key:
@@ -151,7 +173,7 @@ class Recording:
         if self.call is not None:
             stored["call"] = self.call
         # this checkout's folder (in tracebacks, stacks) as a placeholder: a clone elsewhere reads its own back
-        text = json.dumps(stored, separators=(",", ":")).replace(str(COURSE_ROOT), COURSE_ROOT_MARK)
+        text = _ROOT_IN_JSON.sub(COURSE_ROOT_MARK, json.dumps(stored, separators=(",", ":")))
         # mtime=0: the same recording gives the same bytes, so git sees no change where nothing changed; written
         # whole, then renamed: a reader never meets half a file
         partial = self.path.with_suffix(".partial")
@@ -159,9 +181,14 @@ class Recording:
         os.replace(partial, self.path)
 
 
+# The course folder as JSON writes it (escapes included), where a path continues or ends: not /srv/ddp-old.
+_ROOT_ESCAPED = json.dumps(str(COURSE_ROOT))[1:-1]
+_ROOT_IN_JSON = re.compile(re.escape(_ROOT_ESCAPED) + r'(?=[/"]|\\\\)')
+
+
 def read_recording(path):
     """A recording's stored JSON, with this checkout's folder where the recording's was."""
-    return json.loads(gzip.decompress(path.read_bytes()).decode().replace(COURSE_ROOT_MARK, str(COURSE_ROOT)))
+    return json.loads(gzip.decompress(path.read_bytes()).decode().replace(COURSE_ROOT_MARK, _ROOT_ESCAPED))
 
 
 def replaying(results):
@@ -186,10 +213,11 @@ def recording(real_launch, into):
     return launch
 
 
-def notebook_recording(path, nproc):
-    """The recording of a notebook check cell's check_lab(path, nproc)."""
-    return Recording(NOTEBOOK_CHECKS, f"{Path(path).stem}-nproc{nproc or 'all'}", Path(path).read_text(),
-                     Path(path).name, nproc)
+def notebook_recording(path, nproc, tag=None):
+    """The recording of a notebook check cell's check_lab(path, nproc) under settings ``tag`` (this kernel's by
+    default: its ranks ran under them)."""
+    return Recording(NOTEBOOK_CHECKS, f"{Path(path).stem}-nproc{nproc or 'all'}_{tag or settings_tag()}",
+                     Path(path).read_text(), Path(path).name, nproc, tagged=True)
 
 
 NOTEBOOK_RUNS = NOTEBOOK_CHECKS  # the notebooks' other launches: <notebook stem>/<call>_<k>_<settings>.json.gz
@@ -238,11 +266,12 @@ def call_name(call):
 
 def run_recording(notebook, call, occurrence, tag=None):
     """The recording of ``call``'s ``occurrence``-th launch (1, 2, ...) in ``notebook``'s kernel under settings
-    ``tag`` (this kernel's by default). Its key holds the call and every course program (PROGRAMS)."""
+    ``tag`` (this kernel's by default). Its key holds the call, the program and every course program (PROGRAMS)."""
     text = "".join(path.read_text() for pattern in PROGRAMS for path in sorted(COURSE_ROOT.glob(pattern)))
+    text += (COURSE_ROOT / call["file"]).read_text()  # itself, also when it is none of PROGRAMS
     found = Recording(NOTEBOOK_RUNS / notebook, f"{call_name(call)}_{occurrence}_{tag or settings_tag()}",
                       text + json.dumps(call, sort_keys=True), Path(call["file"]).name,
-                      call["nproc"] * call["nnodes"])
+                      call["nproc"] * call["nnodes"], tagged=True)
     found.call = call
     return found
 
@@ -255,7 +284,9 @@ def _replayed_run(result, file, nproc, timeout, show, nnodes, live_view):
     from ddpcourse.paths import display_path
 
     lab_file = Path(file).resolve()
-    result = dataclasses.replace(result, file=str(lab_file))
+    assert result.world_size == nproc * nnodes, "the recording is another launch's: record afresh"
+    # run_id "": a replay has no processes to look for (a cell that looks is kept live: STAY_LIVE)
+    result = dataclasses.replace(result, file=str(lab_file), run_id="")
     if result.launched:  # a launch that never started (a syntax error) shows no view
         printer = RunPrinter(show, nproc * nnodes, display_path(lab_file), timeout, live_view=live_view)
         if printer.view is None:  # a terminal: each rank's tagged lines, as run() prints them when they come

@@ -645,6 +645,12 @@ def test_a_start_up_timeout_says_the_ranks_did_not_start(tmp_path, monkeypatch):
     # one rank has no peer to wait for (seen on one GPU: a rank stuck in its own code after nccl all_reduces)
     alone = dataclasses.replace(hang, nproc=1)
     assert "matching call" not in verdict(alone, "x.py")
+    # two ranks spinning in their own code (their flight recorders: every call completed) wait for no peer
+    spinning = {rank: "  -> x.py:6 in <module>:  while True:" for rank in (0, 1)}
+    assert "matching call" not in verdict(dataclasses.replace(hang, stacks=spinning), "x.py")
+    waiting = {**spinning, 1: "     torch/distributed/distributed_c10d.py:3252 in all_reduce\n"
+                              "  -> x.py:5 in <module>:  dist.all_reduce(t)"}
+    assert "matching call" in verdict(dataclasses.replace(hang, stacks=waiting), "x.py")
 
 
 def test_a_rank_still_starting_is_one_line_not_its_import_stack(tmp_path):

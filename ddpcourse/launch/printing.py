@@ -7,7 +7,7 @@ import sys
 
 from ddpcourse.launch.collectives import group_name
 from ddpcourse.launch.diagnosis import FailureKind
-from ddpcourse.launch.stacks import stacks_text
+from ddpcourse.launch.stacks import C10D, stacks_text
 
 
 class RunPrinter:
@@ -95,11 +95,15 @@ def verdict(result, shown):
 
 def _may_wait_for_a_peer(result):
     """Whether a timeout can be a rank waiting in a collective for a peer: not with one rank (seen on one GPU:
-    a rank stuck in its own code), nor a group that never formed, nor when the flight recorders show that no
-    rank waited in one."""
+    a rank stuck in its own code), nor a group that never formed, nor when no rank's stack is in a collective
+    (ranks spinning in their own code)."""
     if result.world_size == 1 or (result.failure and result.failure.group_never_formed):
         return False
-    return result.collectives is None or bool(result.collectives.waiting)
+    if result.collectives is not None and result.collectives.waiting:
+        return True
+    if result.stacks:  # the flight recorders named no waiting rank: do the stacks show one in a collective?
+        return any(C10D in text for text in result.stacks.values())
+    return result.collectives is None  # neither stacks nor a record: it may be
 
 
 def _collectives_lines(result, shown):

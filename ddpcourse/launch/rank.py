@@ -42,6 +42,7 @@ from ddpcourse.launch.events import (ENDINGS, EXCEPTION, EXIT, FINISHED, INTERRU
                                      write_event)
 from ddpcourse.launch.processes import watch_parent
 from ddpcourse.launch.spec import current_spec
+from ddpcourse.launch.stacks import stacks_file
 
 
 def _redirect_output(run_dir, rank):
@@ -50,7 +51,7 @@ def _redirect_output(run_dir, rank):
     os.dup2(log, 1)  # both streams into one file keeps their relative order
     os.dup2(log, 2)
     os.close(log)
-    stacks = os.open(os.path.join(run_dir, f"rank{rank}.stacks"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    stacks = os.open(stacks_file(run_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     if hasattr(signal, "SIGUSR1"):  # not on Windows
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     faulthandler.enable(file=2)  # a segfault still leaves a stack in the log

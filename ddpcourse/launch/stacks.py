@@ -130,29 +130,33 @@ def where_stopped_ranks_were(run_dir, events, lab_file):
     for rank in events.ranks():
         if any(e["event"] in ENDINGS for e in events.events(rank)):
             continue
-        raw = last_stack(run_dir, rank)
+        raw = stacks_written(run_dir, rank)
         if raw.strip():
             found[rank] = lab_line(raw, lab_file)
     return found
 
 
 def stacks_file(run_dir, rank):
-    """Where rank ``rank``'s faulthandler writes its stacks (ddpcourse.launch.rank opens it)."""
+    """Where rank ``rank``'s faulthandler writes its stacks (ddpcourse.launch.rank opens it, emptied)."""
     return Path(run_dir) / f"rank{rank}.stacks"
 
 
-def last_stack(run_dir, rank):
-    """The faulthandler text rank ``rank`` last wrote to its stacks file, "" when it wrote none."""
+def stacks_written(run_dir, rank):
+    """All that rank ``rank``'s faulthandler wrote to its stacks file since the rank started (each dump is
+    appended), "" when it wrote none."""
     try:
         return stacks_file(run_dir, rank).read_text(errors="replace")
     except OSError:
         return ""
 
 
+C10D = os.path.join("torch", "distributed", "distributed_c10d.py")  # the module of every collective's frame
+
+
 def collective_in(raw):
     """The torch.distributed function (all_reduce, broadcast, ...) innermost in the stack a rank's fatal signal
     left (faulthandler's text), or None: where a rank died inside a collective."""
-    marker = os.path.join("torch", "distributed", "distributed_c10d.py")
+    marker = C10D
     for line in raw.splitlines():  # innermost first, thread by thread: the first such frame is where it died
         match = _FRAME.match(line)
         if match and match.group(1).endswith(marker) and not match.group(3).startswith("_"):
@@ -166,7 +170,7 @@ def ranks_in(run_dir, ranks, function):
     marker = os.path.join("torch", "distributed") + os.sep
     found = []
     for rank in ranks:
-        frames = [m for m in map(_FRAME.match, last_stack(run_dir, rank).splitlines()) if m]
+        frames = [m for m in map(_FRAME.match, stacks_written(run_dir, rank).splitlines()) if m]
         if any(marker in m.group(1) and m.group(3) == function for m in frames):
             found.append(rank)
     return found
